@@ -1,0 +1,108 @@
+"""Argument checks shared by every module, so that every error names the argument, what it got and
+what was expected (DESIGN.md, "Contracts every module keeps")."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+ArrayLike = "np.ndarray | torch.Tensor"
+
+
+def shape_of(x) -> tuple[int, ...]:
+    return tuple(int(s) for s in x.shape)
+
+
+def require_tensor(name: str, x) -> None:
+    """Raise TypeError unless ``x`` is a torch tensor."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
+
+
+def require_array(name: str, x) -> np.ndarray:
+    """Return ``x`` as a float64 NumPy array; raise TypeError for non-numeric input."""
+    if isinstance(x, torch.Tensor):
+        raise TypeError(
+            f"{name} must be a NumPy array (selfattn.ref is the NumPy reference); got a torch.Tensor. "
+            "Convert it with .detach().cpu().numpy()."
+        )
+    arr = np.asarray(x)
+    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+        raise TypeError(f"{name} must hold real numbers; got dtype {arr.dtype}")
+    return arr.astype(np.float64, copy=False)
+
+
+def require_min_rank(name: str, x, min_rank: int, layout: str) -> None:
+    """Raise ValueError unless ``x.ndim >= min_rank``; ``layout`` names the expected axes."""
+    if x.ndim < min_rank:
+        raise ValueError(f"{name} must have shape {layout} (at least {min_rank} dims); got shape {shape_of(x)}")
+
+
+def require_rank(name: str, x, rank: int, layout: str) -> None:
+    """Raise ValueError unless ``x.ndim == rank``."""
+    if x.ndim != rank:
+        raise ValueError(f"{name} must have shape {layout} ({rank} dims); got shape {shape_of(x)}")
+
+
+def require_positive_int(name: str, value) -> int:
+    """Return ``value`` as int; raise TypeError/ValueError unless it is an integer > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be a positive int; got {value!r} ({type(value).__name__})")
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0; got {value}")
+    return int(value)
+
+
+def require_qkv(q, k, v) -> None:
+    """Check the (..., T, Dh), (..., S, Dh), (..., S, Dv) contract of attention inputs."""
+    require_min_rank("q", q, 2, "(..., T, Dh)")
+    require_min_rank("k", k, 2, "(..., S, Dh)")
+    require_min_rank("v", v, 2, "(..., S, Dv)")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q and k must have the same last dim d_head; got q {shape_of(q)} and k {shape_of(k)}"
+        )
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"k and v must have the same number of positions S (dim -2); got k {shape_of(k)} and v {shape_of(v)}"
+        )
+    if k.shape[:-2] != v.shape[:-2] or q.shape[:-2] != k.shape[:-2]:
+        raise ValueError(
+            "q, k and v must have the same leading (batch, head) dims; got "
+            f"q {shape_of(q)}, k {shape_of(k)}, v {shape_of(v)}"
+        )
+
+
+def require_broadcastable(name: str, x, target: Sequence[int], what: str) -> None:
+    """Raise ValueError unless ``x`` broadcasts to ``target`` without growing it."""
+    shape = shape_of(x)
+    target = tuple(int(t) for t in target)
+    ok = len(shape) <= len(target) and all(
+        s in (1, t) for s, t in zip(reversed(shape), reversed(target), strict=False)
+    )
+    if not ok:
+        raise ValueError(f"{name} must broadcast to {what} {target}; got shape {shape}")
+
+
+def require_bool_mask(name: str, mask) -> None:
+    """A mask is boolean with True = may attend; refuse float 0/1 masks and integer masks."""
+    dtype = mask.dtype
+    is_bool = dtype == torch.bool if isinstance(mask, torch.Tensor) else np.asarray(mask).dtype == bool
+    if not is_bool:
+        raise TypeError(
+            f"{name} must be a boolean tensor with True = may attend; got dtype {dtype}. "
+            "A float or 0/1 tensor is refused because its meaning is ambiguous: convert it with "
+            "mask.bool() if 1 means 'keep', or pass an additive float mask as bias=..."
+        )
+
+
+def require_scale(scale) -> None:
+    if scale is not None and not (np.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite number > 0 or None (meaning 1/sqrt(d_head)); got {scale!r}")
+
+
+def require_probability(name: str, p) -> None:
+    if not (0.0 <= float(p) < 1.0):
+        raise ValueError(f"{name} must be in [0, 1); got {p!r}")

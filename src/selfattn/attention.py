@@ -1,0 +1,217 @@
+"""Scaled dot-product attention in torch, and a single attention head as an ``nn.Module``.
+
+The function keeps every contract of DESIGN.md: boolean keep-masks applied by replacement before
+the softmax, zero rows (never NaN) for queries that see nothing, scaling by ``sqrt(d_head)``,
+float32 arithmetic for half-precision inputs. Introduced in chapter 03; masks in chapter 04.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ._validate import (
+    require_bool_mask,
+    require_broadcastable,
+    require_min_rank,
+    require_positive_int,
+    require_probability,
+    require_qkv,
+    require_rank,
+    require_scale,
+    require_tensor,
+    shape_of,
+)
+
+__all__ = ["scaled_dot_product_attention", "masked_softmax", "AttentionConfig", "SelfAttention"]
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def masked_softmax(scores: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last axis where only ``keep`` entries take part.
+
+    A row with no kept entry gives all zeros, and finite zero gradients: the masked scores are
+    replaced (not added to) by -inf, the row maximum of an empty row is taken as 0, and the
+    division is guarded. Source: chapter 04.
+    """
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    row_max = scores.amax(dim=-1, keepdim=True).detach()  # the max is a constant shift: no gradient needed
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    e = torch.exp(scores - row_max)  # exp(-inf) = 0 exactly
+    total = e.sum(dim=-1, keepdim=True)
+    return e / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def _finite_keys_values(k, v, keep):
+    """Zero the keys and values at positions that no query may see.
+
+    0 * NaN = NaN in IEEE arithmetic, so a NaN or inf stored at a padded key would otherwise reach
+    the output through the matrix products (forward and backward) even with weight 0.
+    Only positions invisible to every query are touched, so visible data is read unchanged.
+    """
+    if keep is None:
+        return k, v
+    seen = keep.any(dim=-2)  # (..., T, S) -> (..., S): may any query read key j?
+    seen = seen.expand(k.shape[:-1])
+    k = torch.where(seen[..., None], k, torch.zeros((), dtype=k.dtype, device=k.device))
+    v = torch.where(seen[..., None], v, torch.zeros((), dtype=v.dtype, device=v.device))
+    return k, v
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    bias: torch.Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    return_weights: bool = False,
+):
+    """``softmax(q k^T * scale + bias, masked) v`` (Vaswani et al. 2017, eq. 1).
+
+    Same argument order as ``torch.nn.functional.scaled_dot_product_attention`` and the same mask
+    convention (True = may attend), but written out so that every step can be read, and
+    returning the weights on request.
+
+    Args:
+        q: queries, shape (..., T, Dh), typically (B, H, T, Dh).
+        k: keys, shape (..., S, Dh).
+        v: values, shape (..., S, Dv).
+        mask: optional ``torch.bool`` keep-mask broadcastable to (..., T, S). A float mask is
+            refused (pass an additive one as ``bias``).
+        bias: optional additive float tensor broadcastable to (..., T, S).
+        scale: score multiplier; default ``1 / sqrt(Dh)``, the per-head key width, never d_model.
+        dropout_p: dropout probability on the weights. Applied whenever > 0, as in torch; modules
+            pass 0 in eval mode.
+        return_weights: also return the (..., T, S) weights.
+
+    Returns:
+        ``context`` (..., T, Dv) in the dtype of ``q``; with ``return_weights``, also ``weights``
+        (..., T, S) (float32 for half-precision inputs). Queries with no visible key get zero rows.
+
+    Raises:
+        TypeError: inputs not tensors or of different dtypes, a mask that is not boolean.
+        ValueError: wrong ranks, mismatched shapes, a mask or bias that does not broadcast to
+        (..., T, S), a non-positive scale, dropout_p outside [0, 1).
+
+    Source: chapter 03; masking chapter 04.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        require_tensor(name, x)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    require_qkv(q, k, v)
+    require_scale(scale)
+    require_probability("dropout_p", dropout_p)
+    T, S = q.shape[-2], k.shape[-2]
+    target = tuple(q.shape[:-2]) + (T, S)
+    if mask is not None:
+        require_tensor("mask", mask)
+        require_bool_mask("mask", mask)
+        require_min_rank("mask", mask, 2, "(..., T, S)")
+        require_broadcastable("mask", mask, target, "(..., T, S) =")
+    if bias is not None:
+        require_tensor("bias", bias)
+        if not bias.dtype.is_floating_point:
+            raise TypeError(f"bias must be a floating tensor added to the scores; got dtype {bias.dtype}")
+        require_broadcastable("bias", bias, target, "(..., T, S) =")
+
+    out_dtype = q.dtype
+    if out_dtype in _HALF:  # scores, softmax and accumulation in float32
+        q, k, v = q.float(), k.float(), v.float()
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+
+    k, v = _finite_keys_values(k, v, mask)
+    scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, Dh) @ (..., Dh, S) -> (..., T, S)
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
+    weights = masked_softmax(scores, mask)  # (..., T, S), rows sum to 1 (or 0 if nothing visible)
+    if dropout_p > 0.0:
+        weights = torch.nn.functional.dropout(weights, p=dropout_p, training=True)
+    context = weights @ v  # (..., T, S) @ (..., S, Dv) -> (..., T, Dv)
+    context = context.to(out_dtype)
+    return (context, weights) if return_weights else context
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Sizes of a single attention head, validated at construction.
+
+    Attributes:
+        d_model: width D of the input vectors (> 0).
+        d_head: width Dh of queries, keys and values (> 0).
+        bias: whether the projections W_Q, W_K, W_V have bias vectors.
+    """
+
+    d_model: int
+    d_head: int
+    bias: bool = False
+
+    def __post_init__(self):
+        require_positive_int("d_model", self.d_model)
+        require_positive_int("d_head", self.d_head)
+
+
+class SelfAttention(nn.Module):
+    """One head of self-attention with its own W_Q, W_K, W_V, each of shape (D, Dh).
+
+    ``Q = X W_Q``, ``K = X W_K``, ``V = X W_V``; ``context = softmax(Q K^T / sqrt(Dh)) V``. The
+    weights are stored as (D, Dh) matrices so the code reads like the maths (``X @ W_Q``), not
+    like ``nn.Linear``'s transposed (out, in) layout.
+
+    Args:
+        config: an :class:`AttentionConfig`.
+
+    Shapes:
+        forward(X: (B, T, D) or (T, D), mask broadcastable to (B, T, T)) -> context (B, T, Dh)
+        (and weights (B, T, T) with ``return_weights=True``).
+
+    Source: chapter 03 (claim 3: Q, K and V are three learned projections of the same X).
+    """
+
+    def __init__(self, config: AttentionConfig, generator: torch.Generator | None = None):
+        super().__init__()
+        if not isinstance(config, AttentionConfig):
+            raise TypeError(f"config must be an AttentionConfig; got {type(config).__name__}")
+        self.config = config
+        D, Dh = config.d_model, config.d_head
+        std = 1.0 / math.sqrt(D)  # keeps the projections' outputs at the scale of X
+        self.W_Q = nn.Parameter(torch.randn(D, Dh, generator=generator) * std)
+        self.W_K = nn.Parameter(torch.randn(D, Dh, generator=generator) * std)
+        self.W_V = nn.Parameter(torch.randn(D, Dh, generator=generator) * std)
+        if config.bias:
+            self.b_Q = nn.Parameter(torch.zeros(Dh))
+            self.b_K = nn.Parameter(torch.zeros(Dh))
+            self.b_V = nn.Parameter(torch.zeros(Dh))
+        else:
+            self.register_parameter("b_Q", None)
+            self.register_parameter("b_K", None)
+            self.register_parameter("b_V", None)
+
+    def project(self, X: torch.Tensor):
+        """Return Q, K, V, each (..., T, Dh), from X (..., T, D)."""
+        require_tensor("X", X)
+        if X.ndim not in (2, 3):
+            require_rank("X", X, 3, "(B, T, D) or (T, D)")
+        if X.shape[-1] != self.config.d_model:
+            raise ValueError(
+                f"X must have last dim d_model={self.config.d_model}; got shape {shape_of(X)}"
+            )
+        Q = X @ self.W_Q  # (B, T, D) @ (D, Dh) -> (B, T, Dh)
+        K = X @ self.W_K
+        V = X @ self.W_V
+        if self.b_Q is not None:
+            Q, K, V = Q + self.b_Q, K + self.b_K, V + self.b_V
+        return Q, K, V
+
+    def forward(self, X: torch.Tensor, mask: torch.Tensor | None = None, *, return_weights: bool = False):
+        Q, K, V = self.project(X)
+        return scaled_dot_product_attention(Q, K, V, mask, return_weights=return_weights)

@@ -1,0 +1,137 @@
+"""Check functions for the exercises: instant feedback, in words, on a learner's answer.
+
+Each chapter has its own module (``selfattn.exercises.ch02``...). A check returns a
+:class:`Feedback`, which is truthy only when the answer is right, prints as one line, and shows as a
+coloured box in a notebook. A check never raises because the learner's code is wrong: an
+exception inside the learner's function becomes feedback that names it. Introduced in chapter 00.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["Feedback", "passed", "failed", "not_attempted", "call_learner", "checker", "compare_arrays", "to_numpy"]
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """The verdict on one exercise.
+
+    Attributes:
+        exercise: its name, e.g. ``"2.1 stable softmax"``.
+        ok: True only if the answer is right.
+        message: what is right or wrong, in words.
+        attempted: False while the learner's function still raises ``NotImplementedError``.
+    """
+
+    exercise: str
+    ok: bool
+    message: str
+    attempted: bool = True
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        mark = "correct" if self.ok else ("not attempted yet" if not self.attempted else "not yet right")
+        return f"Exercise {self.exercise}: {mark}. {self.message}"
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        colour = "#1a7f37" if self.ok else ("#6e7781" if not self.attempted else "#cf222e")
+        icon = "&#10004;" if self.ok else ("&#9998;" if not self.attempted else "&#10008;")
+        return (
+            f'<div class="selfattn-feedback" style="border-left:4px solid {colour};padding:0.4em 0.8em;'
+            f'margin:0.3em 0"><strong style="color:{colour}">{icon} Exercise {html.escape(self.exercise)}</strong>'
+            f"<br>{html.escape(self.message)}</div>"
+        )
+
+
+def passed(exercise: str, message: str = "Well done.") -> Feedback:
+    return Feedback(exercise, True, message)
+
+
+def failed(exercise: str, message: str) -> Feedback:
+    return Feedback(exercise, False, message)
+
+
+def not_attempted(exercise: str) -> Feedback:
+    return Feedback(exercise, False, "Replace `raise NotImplementedError` with your code, then run the check again.",
+                    attempted=False)
+
+
+class _LearnerError(Exception):
+    def __init__(self, feedback: Feedback):
+        super().__init__(feedback.message)
+        self.feedback = feedback
+
+
+def call_learner(exercise: str, fn: Callable, *args, **kwargs):
+    """Call the learner's function; turn a missing or crashing answer into feedback.
+
+    Returns the function's result. Raises ``_LearnerError`` carrying the Feedback; use it through
+    :func:`checker`.
+    """
+    if not callable(fn):
+        raise _LearnerError(failed(exercise, f"Pass your function itself, not {type(fn).__name__}."))
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise _LearnerError(not_attempted(exercise)) from None
+    except Exception as err:  # the learner's bug is reported, not raised
+        raise _LearnerError(failed(exercise, f"Your function raised {type(err).__name__}: {err}")) from None
+
+
+def checker(exercise: str):
+    """Decorator for check functions: a ``_LearnerError`` raised inside becomes the returned Feedback."""
+
+    def wrap(check):
+        def run(*args, **kwargs) -> Feedback:
+            try:
+                return check(*args, **kwargs)
+            except _LearnerError as err:
+                return err.feedback
+
+        run.__name__ = check.__name__
+        run.__doc__ = check.__doc__
+        run.__wrapped__ = check
+        run.exercise = exercise
+        return run
+
+    return wrap
+
+
+def to_numpy(x) -> np.ndarray | None:
+    """Learner output as a float64 array, or None if it is not array-like."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().double().numpy()
+    try:
+        arr = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    return arr
+
+
+def compare_arrays(exercise: str, got, expected: np.ndarray, *, what: str, atol: float = 1e-6,
+                   rtol: float = 1e-6) -> Feedback | None:
+    """Return failure Feedback for a wrong type, shape, NaN or value; None if ``got`` matches.
+
+    The tolerance is ``|got - expected| <= atol + rtol * |expected|`` elementwise.
+    """
+    arr = to_numpy(got)
+    if arr is None:
+        return failed(exercise, f"{what} should be an array or tensor; got {type(got).__name__}.")
+    if arr.shape != expected.shape:
+        return failed(exercise, f"{what} should have shape {expected.shape}; got {arr.shape}.")
+    if not np.isfinite(arr).all():
+        return failed(exercise, f"{what} contains NaN or inf ({int((~np.isfinite(arr)).sum())} entries).")
+    if not np.allclose(arr, expected, atol=atol, rtol=rtol):
+        worst = float(np.max(np.abs(arr - expected)))
+        return failed(exercise, f"{what} has the right shape but wrong values (largest error {worst:.3g}).")
+    return None

@@ -1,0 +1,9 @@
+"""``selfattn.ref``: the NumPy float64 reference, one plain function per equation in the text.
+
+It is the oracle that the torch path is tested against and shares no code with it. Add a topic as
+its own submodule and re-export its public names here.
+"""
+
+from .attention import causal_mask, scaled_dot_product_attention, softmax
+
+__all__ = ["softmax", "causal_mask", "scaled_dot_product_attention"]

@@ -1,0 +1,127 @@
+"""Plotly figure builders and ipywidgets explorers. Builders return figures; they never show them.
+
+Importing this module registers the ``"selfattn"`` plotly renderer and makes it the default
+(except on Colab, which has its own). Why: plotly 6 and later emit, inside a kernel, only the
+``application/vnd.plotly.v1+json`` mimetype, which Jupyter Book 1 drops without a warning, so a
+figure would be blank in the published book. The renderer sends that mimetype (for JupyterLab,
+VS Code) *and* a ``text/html`` div that draws the figure with the plotly.js the book serves itself
+(``book/_ext/selfattn_book.py``), so the static page needs no kernel and no CDN.
+
+Topic modules (``selfattn.viz.heatmaps``...) hold the builders; this module holds the plumbing.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import sys
+import uuid
+
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.io.base_renderers import MimetypeRenderer
+
+__all__ = ["RENDERER_NAME", "use_book_renderer", "describe", "figure_description", "COLORSCALE", "DIVERGING"]
+
+RENDERER_NAME = "selfattn"
+
+# Perceptually uniform, readable in grayscale and by colour-blind readers (issue: accessibility).
+COLORSCALE = "Viridis"
+DIVERGING = "RdBu"  # only for signed quantities, centred on zero with zmid=0
+
+_PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+def figure_description(fig: go.Figure) -> str:
+    """The text description attached by :func:`describe` (empty if none)."""
+    meta = fig.layout.meta
+    if isinstance(meta, dict):
+        return str(meta.get("description", ""))
+    return ""
+
+
+def describe(fig: go.Figure, description: str) -> go.Figure:
+    """Attach a text description (for screen readers and readers without JavaScript); returns ``fig``.
+
+    Raises:
+        ValueError: the description is empty.
+    """
+    if not isinstance(description, str) or not description.strip():
+        raise ValueError(f"description must be a non-empty string; got {description!r}")
+    meta = dict(fig.layout.meta) if isinstance(fig.layout.meta, dict) else {}
+    meta["description"] = description.strip()
+    fig.update_layout(meta=meta)
+    return fig
+
+
+class BookRenderer(MimetypeRenderer):
+    """Emit plotly's own JSON mimetype plus a self-contained ``text/html`` figure.
+
+    The HTML expects a global ``Plotly`` (served by the book). It waits for it, so the order in
+    which scripts load does not matter, and says so in the page if plotly.js never arrives.
+    """
+
+    def to_mimebundle(self, fig_dict):
+        fig = go.Figure(fig_dict, skip_invalid=True)
+        div_id = f"selfattn-fig-{uuid.uuid4().hex[:12]}"
+        description = figure_description(fig)
+        spec = {"data": fig_dict.get("data", []), "layout": fig_dict.get("layout", {}),
+                "frames": fig_dict.get("frames", [])}
+        payload = pio.to_json(spec, validate=False).replace("</", "<\\/")  # no early </script>
+        label = html.escape(description or "interactive figure", quote=True)
+        hidden = f'<p class="selfattn-figure-text">{html.escape(description)}</p>' if description else ""
+        markup = f"""<div class="selfattn-figure" role="figure" aria-label="{label}">
+<div id="{div_id}" class="plotly-graph-div" style="width:100%;min-height:{_height(fig)}px"></div>
+{hidden}
+<script type="text/javascript">
+(function () {{
+  var spec = {payload};
+  var config = {json.dumps(_PLOTLY_CONFIG)};
+  function draw(tries) {{
+    var el = document.getElementById("{div_id}");
+    if (!el) return;
+    if (window.Plotly) {{
+      window.Plotly.newPlot(el, spec.data, spec.layout, config).then(function () {{
+        if (spec.frames && spec.frames.length) {{ return window.Plotly.addFrames(el, spec.frames); }}
+      }});
+    }} else if (tries < 200) {{
+      setTimeout(function () {{ draw(tries + 1); }}, 50);
+    }} else {{
+      el.textContent = "This figure needs plotly.js, which did not load.";
+    }}
+  }}
+  draw(0);
+}})();
+</script>
+</div>"""
+        return {
+            "application/vnd.plotly.v1+json": {**spec, "config": _PLOTLY_CONFIG},
+            "text/html": markup,
+        }
+
+
+def _height(fig: go.Figure) -> int:
+    return int(fig.layout.height) if fig.layout.height else 450
+
+
+def _in_colab() -> bool:
+    return "google.colab" in sys.modules
+
+
+def use_book_renderer() -> None:
+    """Register the ``"selfattn"`` renderer and make it plotly's default (Colab keeps ``"colab"``).
+
+    Set the environment variable ``SELFATTN_PLOTLY_RENDERER`` to pick another renderer.
+    """
+    pio.renderers[RENDERER_NAME] = BookRenderer()
+    chosen = os.environ.get("SELFATTN_PLOTLY_RENDERER")
+    if chosen:
+        pio.renderers.default = chosen
+    elif _in_colab():
+        pio.renderers.default = "colab"
+    else:
+        pio.renderers.default = RENDERER_NAME
+
+
+use_book_renderer()
