@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-VENDOR = "vendor"
+VENDOR = "selfattn-vendor"
 
 
 def _stage_static(app) -> None:
