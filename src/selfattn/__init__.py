@@ -7,6 +7,7 @@ use and that runs on a GPU when one is present (``selfattn.device.pick_device``)
 from . import device, masks, ref
 from .attention import AttentionConfig, SelfAttention, masked_softmax, scaled_dot_product_attention
 from .masks import causal_mask, from_blocked_mask, from_hf_attention_mask, padding_mask
+from .multihead import MHAConfig, MultiHeadAttention, merge_heads, split_heads
 
 __version__ = "0.1.0"
 
@@ -22,4 +23,8 @@ __all__ = [
     "padding_mask",
     "from_blocked_mask",
     "from_hf_attention_mask",
+    "MHAConfig",
+    "MultiHeadAttention",
+    "split_heads",
+    "merge_heads",
 ]

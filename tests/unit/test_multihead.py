@@ -1,0 +1,221 @@
+"""Unit tests for selfattn.multihead: head split/merge, MHAConfig, MultiHeadAttention.
+
+Expected values come from maths written out in the test (per-head loops with torch.softmax),
+never from the module under test. Tolerances: float64 1e-12 unless stated.
+"""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from selfattn import MHAConfig, MultiHeadAttention, causal_mask, merge_heads, split_heads
+
+TOL64 = dict(rtol=0.0, atol=1e-12)
+
+
+def _module(d_model=12, n_heads=3, bias=True, dropout=0.0, seed=0):
+    torch.manual_seed(seed)
+    mha = MultiHeadAttention(MHAConfig(d_model, n_heads, bias=bias, dropout=dropout)).double()
+    with torch.no_grad():  # non-zero biases so that a forgotten bias is caught
+        for b in (mha.b_Q, mha.b_K, mha.b_V, mha.b_O):
+            if b is not None:
+                b.normal_()
+    return mha.eval()
+
+
+def _per_head_loop(mha, x_q, x_kv, scale_width=None):
+    """The maths of Vaswani et al. section 3.2.2, one head at a time (no split/merge helpers)."""
+    c = mha.config
+    Dh = c.d_head
+    heads, all_weights = [], []
+    for h in range(c.n_heads):
+        cols = slice(h * Dh, (h + 1) * Dh)
+        Q = x_q @ mha.W_Q[:, cols] + mha.b_Q[cols]  # (B, T, D) @ (D, Dh) -> (B, T, Dh)
+        K = x_kv @ mha.W_K[:, cols] + mha.b_K[cols]
+        V = x_kv @ mha.W_V[:, cols] + mha.b_V[cols]
+        scores = Q @ K.transpose(-2, -1) / math.sqrt(scale_width or Dh)  # (B, T, S)
+        weights = torch.softmax(scores, dim=-1)
+        heads.append(weights @ V)  # (B, T, Dh)
+        all_weights.append(weights)
+    concat = torch.cat(heads, dim=-1)  # (B, T, D)
+    return concat @ mha.W_O + mha.b_O, torch.stack(all_weights, dim=1)
+
+
+# --- split_heads / merge_heads -------------------------------------------------------------
+
+
+def test_split_then_merge_is_identity_and_merge_then_split_too():
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    torch.testing.assert_close(merge_heads(split_heads(x, 3)), x, **TOL64)
+    y = torch.randn(2, 4, 5, 3, dtype=torch.float64)
+    torch.testing.assert_close(split_heads(merge_heads(y), 4), y, **TOL64)
+
+
+def test_split_heads_gives_head_h_the_feature_slice_h():
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    heads = split_heads(x, 4)
+    assert heads.shape == (2, 4, 5, 3)
+    for h in range(4):
+        torch.testing.assert_close(heads[:, h], x[..., 3 * h : 3 * (h + 1)], **TOL64)
+
+
+def test_regression_merging_without_transposing_back_is_wrong():
+    """Failure kind 'merging heads without transposing back': reshape (B, H, T, Dh) -> (B, T, D)
+    straight away mixes positions of different heads into one row."""
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    heads = split_heads(x, 3)
+    wrong = heads.reshape(2, 5, 12)  # no transpose back
+    assert not torch.allclose(wrong, x)
+    assert (wrong - x).abs().max() > 0.1
+    torch.testing.assert_close(merge_heads(heads), x, **TOL64)
+
+
+def test_split_heads_bad_inputs_name_the_argument():
+    with pytest.raises(ValueError, match="n_heads=5"):
+        split_heads(torch.randn(2, 3, 12), 5)
+    with pytest.raises(ValueError, match=r"x must have shape \(B, T, D\)"):
+        split_heads(torch.randn(3, 12), 3)
+    with pytest.raises(ValueError, match="n_heads must be > 0"):
+        split_heads(torch.randn(2, 3, 12), 0)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        split_heads([[1.0]], 1)
+    with pytest.raises(ValueError, match=r"x must have shape \(B, H, T, Dh\)"):
+        merge_heads(torch.randn(2, 3, 12))
+
+
+# --- MHAConfig -------------------------------------------------------------------------------
+
+
+def test_config_d_head_and_validation():
+    assert MHAConfig(384, 12).d_head == 32
+    with pytest.raises(ValueError, match="d_model=10 must be divisible by n_heads=3"):
+        MHAConfig(10, 3)
+    with pytest.raises(ValueError, match="d_model must be > 0"):
+        MHAConfig(0, 1)
+    with pytest.raises(TypeError, match="n_heads must be a positive int"):
+        MHAConfig(8, 2.0)
+    with pytest.raises(ValueError, match="dropout must be in"):
+        MHAConfig(8, 2, dropout=1.0)
+    with pytest.raises(TypeError, match="bias must be a bool"):
+        MHAConfig(8, 2, bias=1)
+    with pytest.raises(Exception):  # frozen
+        MHAConfig(8, 2).d_model = 4
+    with pytest.raises(TypeError, match="config must be an MHAConfig"):
+        MultiHeadAttention((8, 2))
+
+
+# --- MultiHeadAttention ------------------------------------------------------------------------
+
+
+def test_forward_equals_per_head_loop_self_and_cross():
+    mha = _module()
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    y = torch.randn(2, 7, 12, dtype=torch.float64)
+    for x_kv in (None, y):
+        out, weights = mha(x, x_kv, return_weights=True)
+        expected_out, expected_weights = _per_head_loop(mha, x, x if x_kv is None else x_kv)
+        assert out.shape == (2, 5, 12) and weights.shape == (2, 3, 5, 5 if x_kv is None else 7)
+        torch.testing.assert_close(out, expected_out, **TOL64)
+        torch.testing.assert_close(weights, expected_weights, **TOL64)
+
+
+def test_regression_scores_are_scaled_by_sqrt_d_head_not_d_model():
+    """Failure kind 'scaling by d_model instead of d_head'."""
+    mha = _module(d_model=16, n_heads=4)
+    x = torch.randn(1, 6, 16, dtype=torch.float64) * 3
+    _, weights = mha(x, return_weights=True)
+    hw = mha.head_weights(2)
+    Q, K = x @ hw.W_Q + mha.b_Q[8:12], x @ hw.W_K + mha.b_K[8:12]
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(4)  # q k^T / sqrt(d_head), d_head = 4
+    torch.testing.assert_close(weights[:, 2], torch.softmax(scores, -1), **TOL64)
+    wrong = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(16), -1)  # sqrt(d_model)
+    assert (weights[:, 2] - wrong).abs().max() > 1e-3
+
+
+def test_head_weights_are_views_of_the_right_slices():
+    mha = _module(d_model=12, n_heads=3)
+    hw = mha.head_weights(1)
+    assert hw.W_Q.shape == (12, 4) and hw.W_O.shape == (4, 12)
+    torch.testing.assert_close(hw.W_K, mha.W_K[:, 4:8], **TOL64)
+    torch.testing.assert_close(hw.W_O, mha.W_O[4:8, :], **TOL64)
+    assert hw.W_V.data_ptr() == mha.W_V[:, 4:8].data_ptr()  # a view, not a copy
+    with pytest.raises(ValueError, match=r"h must be an int in \[0, 3\)"):
+        mha.head_weights(3)
+
+
+def test_no_bias_module_has_no_bias_parameters():
+    mha = _module(bias=False)
+    assert mha.b_Q is None and mha.b_O is None
+    assert sorted(n for n, _ in mha.named_parameters()) == ["W_K", "W_O", "W_Q", "W_V"]
+    x = torch.randn(1, 3, 12, dtype=torch.float64)
+    assert torch.isfinite(mha(x)).all()
+
+
+def test_mask_blocks_future_positions():
+    mha = _module()
+    x = torch.randn(1, 6, 12, dtype=torch.float64)
+    out, weights = mha(x, mask=causal_mask(6), return_weights=True)
+    assert torch.all(weights.triu(1) == 0)
+    changed = x.clone()
+    changed[:, 4:] = 100.0  # the future of positions 0..3
+    torch.testing.assert_close(mha(changed, mask=causal_mask(6))[:, :4], out[:, :4], **TOL64)
+
+
+def test_regression_dropout_only_in_training_mode():
+    """Failure kind 'dropout still active in evaluation'."""
+    mha = _module(dropout=0.5)
+    no_dropout = _module(dropout=0.0)
+    no_dropout.load_state_dict(mha.state_dict())
+    x = torch.randn(2, 6, 12, dtype=torch.float64)
+    mha.eval()
+    first, second = mha(x), mha(x)
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+    torch.testing.assert_close(first, no_dropout(x), **TOL64)
+    mha.train()
+    torch.manual_seed(1)
+    trained = mha(x)
+    assert torch.isfinite(trained).all()
+    assert (trained - first).abs().max() > 1e-3
+
+
+def test_forward_bad_inputs_name_the_argument():
+    mha = _module()
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"x_q must have shape \(B, T, D\) \(3 dims\); got shape \(5, 12\)"):
+        mha(x[0])
+    with pytest.raises(ValueError, match="x_q must have last dim d_model=12; got shape"):
+        mha(torch.randn(2, 5, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"x_kv must have shape \(B, S, D\)"):
+        mha(x, x[0])
+    with pytest.raises(ValueError, match="same batch size B"):
+        mha(x, torch.randn(3, 4, 12, dtype=torch.float64))
+    with pytest.raises(TypeError, match="mask must be a boolean tensor"):
+        mha(x, mask=torch.ones(5, 5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="mask must broadcast"):
+        mha(x, mask=torch.ones(4, 5, dtype=torch.bool))
+    with pytest.raises(TypeError, match="x_q must be a torch.Tensor"):
+        mha(x.numpy())
+
+
+def test_from_torch_and_to_torch_are_inverse_weight_mappings():
+    torch.manual_seed(0)
+    ref = nn.MultiheadAttention(12, 3, bias=True, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        ref.in_proj_bias.normal_()
+        ref.out_proj.bias.normal_()
+    mha = MultiHeadAttention.from_torch(ref)
+    assert mha.config == MHAConfig(12, 3, bias=True, dropout=0.0)
+    assert mha.W_Q.dtype == torch.float64
+    torch.testing.assert_close(mha.W_K, ref.in_proj_weight[12:24].T, rtol=0, atol=0)
+    torch.testing.assert_close(mha.b_V, ref.in_proj_bias[24:], rtol=0, atol=0)
+    torch.testing.assert_close(mha.W_O, ref.out_proj.weight.T, rtol=0, atol=0)
+    back = mha.to_torch(batch_first=False)
+    assert back.batch_first is False
+    for name, p in ref.state_dict().items():
+        torch.testing.assert_close(back.state_dict()[name], p, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="mha must be a torch.nn.MultiheadAttention"):
+        MultiHeadAttention.from_torch(mha)
+    with pytest.raises(ValueError, match="kdim == vdim == embed_dim"):
+        MultiHeadAttention.from_torch(nn.MultiheadAttention(12, 3, kdim=6, vdim=6))
