@@ -27,7 +27,13 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ._validate import require_positive_int, require_probability, require_rank, require_tensor, shape_of
+from ._validate import (
+    require_positive_int,
+    require_probability,
+    require_rank,
+    require_tensor,
+    shape_of,
+)
 from .attention import scaled_dot_product_attention
 
 __all__ = ["split_heads", "merge_heads", "MHAConfig", "HeadWeights", "MultiHeadAttention"]
@@ -51,7 +57,9 @@ def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     n_heads = require_positive_int("n_heads", n_heads)
     B, T, D = x.shape
     if D % n_heads:
-        raise ValueError(f"x's last dim D={D} must be divisible by n_heads={n_heads}; got shape {shape_of(x)}")
+        raise ValueError(
+            f"x's last dim D={D} must be divisible by n_heads={n_heads}; got shape {shape_of(x)}"
+        )
     x = x.reshape(B, T, n_heads, D // n_heads)  # (B, T, D) -> (B, T, H, Dh)
     return x.transpose(1, 2)  # (B, T, H, Dh) -> (B, H, T, Dh)
 
@@ -155,7 +163,9 @@ class MultiHeadAttention(nn.Module):
         if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < self.config.n_heads:
             raise ValueError(f"h must be an int in [0, {self.config.n_heads}); got {h!r}")
         cols = slice(h * self.config.d_head, (h + 1) * self.config.d_head)
-        return HeadWeights(self.W_Q[:, cols], self.W_K[:, cols], self.W_V[:, cols], self.W_O[cols, :])
+        return HeadWeights(
+            self.W_Q[:, cols], self.W_K[:, cols], self.W_V[:, cols], self.W_O[cols, :]
+        )
 
     def _project(self, x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         y = x @ W  # (B, T, D) @ (D, D) -> (B, T, D): all heads in one product
@@ -210,7 +220,8 @@ class MultiHeadAttention(nn.Module):
         context, weights = scaled_dot_product_attention(
             Q, K, V, mask, bias=bias, dropout_p=dropout_p, return_weights=True
         )  # scaled by 1/sqrt(d_head); context (B, H, T, Dh), weights (B, H, T, S)
-        out = self._project(merge_heads(context), self.W_O, self.b_O)  # (B, T, D) @ (D, D) -> (B, T, D)
+        # (B, H, T, Dh) -> (B, T, D), then (B, T, D) @ (D, D) -> (B, T, D)
+        out = self._project(merge_heads(context), self.W_O, self.b_O)
         return (out, weights) if return_weights else out
 
     @classmethod
@@ -230,11 +241,14 @@ class MultiHeadAttention(nn.Module):
         if not isinstance(mha, nn.MultiheadAttention):
             raise TypeError(f"mha must be a torch.nn.MultiheadAttention; got {type(mha).__name__}")
         if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
-            raise ValueError("mha must have kdim == vdim == embed_dim, no bias_k/bias_v and no add_zero_attn")
+            raise ValueError(
+                "mha must have kdim == vdim == embed_dim, no bias_k/bias_v and no add_zero_attn"
+            )
         has_bias = mha.in_proj_bias is not None
         config = MHAConfig(mha.embed_dim, mha.num_heads, bias=has_bias, dropout=float(mha.dropout))
         module = cls(config).to(dtype=mha.in_proj_weight.dtype, device=mha.in_proj_weight.device)
-        W_q, W_k, W_v = mha.in_proj_weight.detach().chunk(3)  # (3D, D) -> 3 x (D, D), (out, in) layout
+        # (3D, D) -> 3 x (D, D), each in nn.Linear's (out, in) layout
+        W_q, W_k, W_v = mha.in_proj_weight.detach().chunk(3)
         state = {"W_Q": W_q.T, "W_K": W_k.T, "W_V": W_v.T, "W_O": mha.out_proj.weight.detach().T}
         if has_bias:
             b_q, b_k, b_v = mha.in_proj_bias.detach().chunk(3)  # (3D,) -> 3 x (D,)
@@ -250,8 +264,13 @@ class MultiHeadAttention(nn.Module):
         c = self.config
         ref = self.W_Q
         mha = nn.MultiheadAttention(
-            c.d_model, c.n_heads, dropout=c.dropout, bias=c.bias, batch_first=batch_first,
-            device=ref.device, dtype=ref.dtype,
+            c.d_model,
+            c.n_heads,
+            dropout=c.dropout,
+            bias=c.bias,
+            batch_first=batch_first,
+            device=ref.device,
+            dtype=ref.dtype,
         )
         with torch.no_grad():
             mha.in_proj_weight.copy_(torch.cat([self.W_Q.T, self.W_K.T, self.W_V.T]))  # -> (3D, D)

@@ -4,6 +4,7 @@ Expected values come from maths written out in the test (per-head loops with tor
 never from the module under test. Tolerances: float64 1e-12 unless stated.
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -100,7 +101,7 @@ def test_config_d_head_and_validation():
         MHAConfig(8, 2, dropout=1.0)
     with pytest.raises(TypeError, match="bias must be a bool"):
         MHAConfig(8, 2, bias=1)
-    with pytest.raises(Exception):  # frozen
+    with pytest.raises(dataclasses.FrozenInstanceError):
         MHAConfig(8, 2).d_model = 4
     with pytest.raises(TypeError, match="config must be an MHAConfig"):
         MultiHeadAttention((8, 2))
@@ -183,7 +184,9 @@ def test_regression_dropout_only_in_training_mode():
 def test_forward_bad_inputs_name_the_argument():
     mha = _module()
     x = torch.randn(2, 5, 12, dtype=torch.float64)
-    with pytest.raises(ValueError, match=r"x_q must have shape \(B, T, D\) \(3 dims\); got shape \(5, 12\)"):
+    with pytest.raises(
+        ValueError, match=r"x_q must have shape \(B, T, D\) \(3 dims\); got shape \(5, 12\)"
+    ):
         mha(x[0])
     with pytest.raises(ValueError, match="x_q must have last dim d_model=12; got shape"):
         mha(torch.randn(2, 5, 8, dtype=torch.float64))
