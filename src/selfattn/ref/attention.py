@@ -124,11 +124,15 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, bias=None, scale=None, r
     if scale is None:
         scale = 1.0 / np.sqrt(d_head)
 
-    scores = q @ np.swapaxes(k, -1, -2) * scale  # (..., T, Dh) @ (..., Dh, S) -> (..., T, S)
     if bias is not None:
         bias = require_array("bias", bias)
         require_broadcastable("bias", bias, target, "(..., T, S) =")
-        scores = scores + bias
+    # An inf or NaN stored at a masked key makes its scores inf - inf = NaN; the mask replaces those
+    # scores below, so NumPy's "invalid value" warning is silenced here rather than the result.
+    with np.errstate(invalid="ignore", over="ignore"):
+        scores = q @ np.swapaxes(k, -1, -2) * scale  # (..., T, Dh) @ (..., Dh, S) -> (..., T, S)
+        if bias is not None:
+            scores = scores + bias
     if mask is None:
         mask = np.ones(target, dtype=bool)
     else:

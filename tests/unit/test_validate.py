@@ -1,0 +1,112 @@
+"""The shared argument checks name the argument, what it got and what was expected."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from selfattn import _validate as V
+
+
+def test_shape_of_returns_plain_ints():
+    assert V.shape_of(torch.zeros(2, 3)) == (2, 3)
+    assert V.shape_of(np.zeros((4,))) == (4,)
+    assert all(type(s) is int for s in V.shape_of(np.zeros((2, 1))))
+
+
+def test_require_tensor_refuses_numpy():
+    with pytest.raises(TypeError, match=r"q must be a torch\.Tensor; got ndarray"):
+        V.require_tensor("q", np.zeros(3))
+    V.require_tensor("q", torch.zeros(3))
+
+
+def test_require_array_converts_to_float64_and_refuses_torch_and_bool():
+    out = V.require_array("x", [1, 2, 3])
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out, [1.0, 2.0, 3.0])
+    with pytest.raises(TypeError, match=r"x must be a NumPy array .*got a torch\.Tensor"):
+        V.require_array("x", torch.zeros(2))
+    with pytest.raises(TypeError, match=r"x must hold real numbers; got dtype bool"):
+        V.require_array("x", np.array([True, False]))
+    with pytest.raises(TypeError, match=r"x must hold real numbers; got dtype <U"):
+        V.require_array("x", np.array(["a"]))
+    with pytest.raises(TypeError, match=r"x must hold real numbers; got dtype complex128"):
+        V.require_array("x", np.array([1j]))
+
+
+def test_require_min_rank_and_rank_name_layout_and_shape():
+    with pytest.raises(ValueError, match=re.escape("q must have shape (..., T, Dh) (at least 2 dims); got shape (5,)")):
+        V.require_min_rank("q", torch.zeros(5), 2, "(..., T, Dh)")
+    with pytest.raises(ValueError, match=re.escape("X must have shape (B, T, D) (3 dims); got shape (1, 2, 3, 4)")):
+        V.require_rank("X", torch.zeros(1, 2, 3, 4), 3, "(B, T, D)")
+    V.require_rank("X", torch.zeros(1, 2, 3), 3, "(B, T, D)")
+
+
+@pytest.mark.parametrize("value", [0, -3])
+def test_require_positive_int_refuses_non_positive(value):
+    with pytest.raises(ValueError, match=rf"d_model must be > 0; got {value}"):
+        V.require_positive_int("d_model", value)
+
+
+@pytest.mark.parametrize("value", [2.0, True, "4", None])
+def test_require_positive_int_refuses_non_int(value):
+    with pytest.raises(TypeError, match=r"d_head must be a positive int; got"):
+        V.require_positive_int("d_head", value)
+
+
+def test_require_positive_int_accepts_numpy_int():
+    result = V.require_positive_int("T", np.int64(4))
+    assert result == 4 and type(result) is int
+
+
+def test_require_qkv_messages_name_both_shapes():
+    q, k, v = torch.zeros(2, 3, 4), torch.zeros(2, 5, 4), torch.zeros(2, 5, 6)
+    V.require_qkv(q, k, v)
+    with pytest.raises(ValueError, match=re.escape("same last dim d_head; got q (2, 3, 4) and k (2, 5, 8)")):
+        V.require_qkv(q, torch.zeros(2, 5, 8), v)
+    with pytest.raises(ValueError, match=re.escape("number of positions S (dim -2); got k (2, 5, 4) and v (2, 6, 6)")):
+        V.require_qkv(q, k, torch.zeros(2, 6, 6))
+    with pytest.raises(ValueError, match=re.escape("leading (batch, head) dims; got q (3, 3, 4), k (2, 5, 4), v (2, 5, 6)")):
+        V.require_qkv(torch.zeros(3, 3, 4), k, v)
+
+
+def test_require_broadcastable():
+    V.require_broadcastable("mask", torch.zeros(1, 5), (2, 3, 4, 5), "(..., T, S) =")
+    V.require_broadcastable("mask", torch.zeros(2, 1, 4, 5), (2, 3, 4, 5), "(..., T, S) =")
+    msg = re.escape("mask must broadcast to (..., T, S) = (2, 3, 4, 5); got shape (4, 6)")
+    with pytest.raises(ValueError, match=msg):
+        V.require_broadcastable("mask", torch.zeros(4, 6), (2, 3, 4, 5), "(..., T, S) =")
+    # More dims than the target would grow the result: refused.
+    with pytest.raises(ValueError, match=re.escape("got shape (1, 1, 4, 5)")):
+        V.require_broadcastable("mask", torch.zeros(1, 1, 4, 5), (4, 5), "(..., T, S) =")
+
+
+@pytest.mark.parametrize("mask", [torch.ones(2, 2), torch.ones(2, 2, dtype=torch.int64), np.ones((2, 2))])
+def test_require_bool_mask_refuses_float_and_int(mask):
+    with pytest.raises(TypeError, match=r"mask must be a boolean tensor with True = may attend; got dtype .*bias="):
+        V.require_bool_mask("mask", mask)
+
+
+def test_require_bool_mask_accepts_bool():
+    V.require_bool_mask("mask", torch.ones(2, 2, dtype=torch.bool))
+    V.require_bool_mask("mask", np.ones((2, 2), dtype=bool))
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("inf"), float("nan")])
+def test_require_scale_refuses_non_positive_or_non_finite(scale):
+    with pytest.raises(ValueError, match=r"scale must be a finite number > 0 or None"):
+        V.require_scale(scale)
+
+
+def test_require_scale_accepts_none_and_positive():
+    V.require_scale(None)
+    V.require_scale(0.125)
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.0, 1.5, float("nan")])
+def test_require_probability_refuses_out_of_range(p):
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\); got"):
+        V.require_probability("dropout_p", p)
