@@ -6,6 +6,7 @@ use and that runs on a GPU when one is present (``selfattn.device.pick_device``)
 
 from . import device, masks, ref
 from .attention import AttentionConfig, SelfAttention, masked_softmax, scaled_dot_product_attention
+from .block import BlockConfig, FeedForward, PostNormTransformerBlock, TransformerBlock
 from .masks import causal_mask, from_blocked_mask, from_hf_attention_mask, padding_mask
 from .multihead import MHAConfig, MultiHeadAttention, merge_heads, split_heads
 
@@ -27,4 +28,8 @@ __all__ = [
     "MultiHeadAttention",
     "split_heads",
     "merge_heads",
+    "BlockConfig",
+    "FeedForward",
+    "TransformerBlock",
+    "PostNormTransformerBlock",
 ]

@@ -5,5 +5,17 @@ its own submodule and re-export its public names here.
 """
 
 from .attention import causal_mask, scaled_dot_product_attention, softmax
+from .block import feed_forward, gelu, layer_norm, post_norm_block, pre_norm_block
+from .multihead import multi_head_attention
 
-__all__ = ["softmax", "causal_mask", "scaled_dot_product_attention"]
+__all__ = [
+    "softmax",
+    "causal_mask",
+    "scaled_dot_product_attention",
+    "multi_head_attention",
+    "layer_norm",
+    "gelu",
+    "feed_forward",
+    "post_norm_block",
+    "pre_norm_block",
+]
