@@ -1,0 +1,48 @@
+# The README's two commands: `make book` builds the book, `make test` runs the whole test suite.
+# Each creates .venv and installs what it needs; nothing else has to be installed first.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+# The CPU build of torch. An unpinned torch would pull a multi-GB CUDA build; pyproject only has a
+# lower bound (Colab brings its own torch), so the CPU build is put in place first.
+TORCH  ?= torch==2.13.0
+BOOK_FLAGS := -W -n --keep-going
+
+.PHONY: book test test-fast lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.torch: | $(PY)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH)"
+	touch $@
+
+$(VENV)/.book: pyproject.toml $(VENV)/.torch
+	$(PIP) install -e ".[book]"
+	touch $@
+
+$(VENV)/.test: pyproject.toml $(VENV)/.torch
+	$(PIP) install -e ".[book,test]"
+	touch $@
+
+book: $(VENV)/.book
+	$(VENV)/bin/jupyter-book build . $(BOOK_FLAGS)
+
+lint: $(VENV)/.test
+	$(VENV)/bin/ruff check src tests bench notebooks
+
+# Unit, parity and chapter tests and every notebook under nbval, on 2 workers; then the book is
+# built (warnings are errors) and tested as HTML and in a real browser.
+test: lint
+	$(PY) -m pytest -n 2 --dist loadfile --nbval-lax tests/unit tests/parity tests/chapters notebooks
+	$(PY) -m pytest tests/book
+
+test-fast: $(VENV)/.test
+	$(PY) -m pytest -n 2 --dist loadfile tests/unit tests/parity tests/chapters
+
+bench: $(VENV)/.test
+	$(PY) bench/attention_bench.py
+
+clean:
+	rm -rf _build .pytest_cache

@@ -1,0 +1,49 @@
+"""Build the book once per test session (executing every notebook, warnings as errors) and hand
+the built site to the tests of this folder."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = ROOT / "_build"
+HTML = BUILD / "html"
+LOG = BUILD / "book-build.log"
+
+
+def _jupyter_book() -> str:
+    exe = Path(sys.executable).with_name("jupyter-book")
+    return str(exe) if exe.exists() else "jupyter-book"
+
+
+@pytest.fixture(scope="session")
+def book_build() -> subprocess.CompletedProcess:
+    """Run `jupyter-book build . -W -n --keep-going` from scratch; the log is kept in _build/.
+
+    Set SELFATTN_REUSE_BOOK=1 to test an already built `_build/html` (e.g. right after `make book`).
+    """
+    if os.environ.get("SELFATTN_REUSE_BOOK") == "1" and (HTML / "index.html").is_file():
+        text = LOG.read_text() if LOG.is_file() else ""
+        return subprocess.CompletedProcess(args=["reused"], returncode=0, stdout=text, stderr="")
+    shutil.rmtree(BUILD, ignore_errors=True)  # from scratch: every notebook is executed again
+    BUILD.mkdir(exist_ok=True)
+    proc = subprocess.run(
+        [_jupyter_book(), "build", str(ROOT), "-W", "-n", "--keep-going"],
+        cwd=ROOT, capture_output=True, text=True, timeout=3600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )
+    LOG.write_text(proc.stdout + "\n" + proc.stderr)
+    return proc
+
+
+@pytest.fixture(scope="session")
+def built_html(book_build) -> Path:
+    if book_build.returncode != 0:
+        pytest.fail(f"the book did not build; see {LOG}:\n" + (book_build.stdout + book_build.stderr)[-4000:])
+    return HTML

@@ -1,0 +1,70 @@
+"""How notebooks are stored: outputs stripped, the standard setup cell, the chapter anatomy."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+REPO_URL = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _code(nb: dict) -> list[str]:
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def _markdown(nb: dict) -> str:
+    return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+
+
+def test_there_are_notebooks():
+    assert len(NOTEBOOKS) >= 1
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_stored_without_outputs(path):
+    nb = _load(path)
+    with_outputs = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count"))]
+    assert with_outputs == [], f"{path.name}: cells {with_outputs} were committed with outputs"
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_name_and_title(path):
+    assert re.fullmatch(r"\d\d_[a-z0-9_]+", path.stem)
+    titles = [line for line in _markdown(_load(path)).splitlines() if line.startswith("# ")]
+    assert len(titles) == 1 and titles[0].startswith(f"# {path.stem[:2]} "), titles
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_setup_cell_installs_from_the_configured_repository_on_colab_only(path):
+    first = _code(_load(path))[0]
+    assert 'if "google.colab" in sys.modules' in first
+    assert f"git+{REPO_URL}" in first, "the Colab install step must use _config.yml's repository.url"
+    assert "torch" not in first.split("install", 1)[1].split("\n", 1)[0], "leave Colab's torch alone"
+    assert "manual_seed" in first and "pick_device" in first
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_anatomy(path):
+    nb = _load(path)
+    text = _markdown(nb)
+    assert "Learning goals" in text or "learning goals" in text
+    assert "Verified facts" in text
+    exercises = re.findall(r"\*\*Exercise \d+\.\d+", text)
+    assert len(exercises) >= 2, f"{path.name} has {len(exercises)} exercises"
+    solutions = [c for c in nb["cells"] if c["cell_type"] == "code" and "hide-input" in c["metadata"].get("tags", [])]
+    assert len(solutions) >= len(exercises)
+    for cell in solutions:
+        source = "".join(cell["source"])
+        assert source.startswith("# @title Solution") and cell["metadata"].get("cellView") == "form"
+        assert "assert " in source, "a solution cell asserts that its check passes"
