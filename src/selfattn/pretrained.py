@@ -20,7 +20,7 @@ import torch
 
 from ._validate import require_positive_int, require_tensor, shape_of
 
-__all__ = ["MiniLMConfig", "TokenBatch", "MiniLM", "model_dir", "load_minilm"]
+__all__ = ["MiniLMConfig", "TokenBatch", "MiniLM", "MiniLMRun", "model_dir", "load_minilm"]
 
 
 def model_dir() -> Path:
@@ -177,6 +177,112 @@ class MiniLM:
         if idx is None:
             raise KeyError(f"token {token!r} is not in the vocabulary")
         return idx
+
+    # Checkpoint tensors the encoder does not need: the buffer 0..511 of positions (recomputed),
+    # and BERT's [CLS] pooler, which sentence-transformers' mean pooling does not use.
+    UNUSED_CHECKPOINT_TENSORS = frozenset(
+        {"embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"}
+    )
+
+    def encoder(self):
+        """The package's own :class:`~selfattn.encoder.Encoder` with this checkpoint's weights, in
+        eval mode, float32, on the CPU (built once, then cached on this object).
+
+        Loading is strict: every parameter of the encoder is filled, and every checkpoint tensor is
+        used except those in :attr:`UNUSED_CHECKPOINT_TENSORS`.
+
+        Raises:
+            KeyError / RuntimeError: the checkpoint lacks a tensor or holds an unexpected one.
+
+        Source: chapter 07.
+        """
+        cached = self.__dict__.get("_encoder")
+        if cached is not None:
+            return cached
+        from .encoder import Encoder, EncoderConfig, hf_bert_state_dict
+
+        c = self.config
+        enc = Encoder(
+            EncoderConfig(
+                vocab_size=c.vocab_size, d_model=c.d_model, n_layers=c.n_layers, n_heads=c.n_heads,
+                d_ff=c.d_ff, max_positions=c.max_positions, type_vocab_size=c.type_vocab_size,
+                layer_norm_eps=c.layer_norm_eps, dropout=0.0,
+            )
+        )  # fmt: skip
+        state, unused = hf_bert_state_dict(self.state_dict, c.n_layers)
+        unexpected = unused - self.UNUSED_CHECKPOINT_TENSORS
+        if unexpected:
+            raise RuntimeError(f"checkpoint tensors the encoder does not use: {sorted(unexpected)}")
+        enc.load_state_dict(state, strict=True)  # raises if any parameter is left unfilled
+        self._encoder = enc.eval().requires_grad_(False)
+        return self._encoder
+
+    def run(self, sentences: str | list[str], output_weights: bool = True) -> MiniLMRun:
+        """Tokenize ``sentences`` (padded to the longest) and run the package's encoder on them.
+
+        Padding is masked through the attention_mask in every layer, so the result for a sentence
+        at its real tokens does not depend on what else is in the batch.
+
+        Args:
+            sentences: one string or a list of strings.
+            output_weights: also return the attention weights of every layer.
+
+        Returns:
+            A :class:`MiniLMRun`: ``batch`` (the :class:`TokenBatch`), ``hidden_states`` (7
+            tensors (B, T, 384): embeddings, then layers 1-6), ``weights`` (6 tensors
+            (B, 12, T, T), or None). float32, CPU, no gradient.
+
+        Raises:
+            TypeError / ValueError: as :meth:`tokenize`.
+
+        Source: chapters 01, 06 and 07.
+        """
+        batch = self.tokenize(sentences)
+        encoder = self.encoder()
+        with torch.no_grad():
+            out = encoder(batch.input_ids, batch.attention_mask, output_weights=output_weights)
+        return MiniLMRun(batch=batch, hidden_states=out.hidden_states, weights=out.weights)
+
+    def sentence_embedding(self, sentences: str | list[str]) -> torch.Tensor:
+        """Sentence embeddings as sentence-transformers computes them for all-MiniLM-L6-v2: the mean
+        of the last layer's vectors over the real tokens (padding excluded), L2-normalised.
+
+        Returns:
+            (B, 384) float32, each row of unit length.
+
+        Source: Reimers & Gurevych 2019 (Sentence-BERT, mean pooling); chapter 01.
+        """
+        run = self.run(sentences, output_weights=False)
+        real = run.batch.attention_mask[..., None].to(torch.float32)  # (B, T) -> (B, T, 1)
+        summed = (run.last_hidden_state * real).sum(dim=1)  # (B, T, D) -> (B, D)
+        mean = summed / real.sum(dim=1).clamp(min=1.0)  # (B, D) / (B, 1)
+        return torch.nn.functional.normalize(mean, p=2.0, dim=-1)
+
+
+@dataclass(frozen=True)
+class MiniLMRun:
+    """The result of :meth:`MiniLM.run`.
+
+    Attributes:
+        batch: the :class:`TokenBatch` (input_ids, attention_mask, tokens).
+        hidden_states: n_layers + 1 = 7 tensors (B, T, D): embeddings' output, then each layer's.
+        weights: n_layers = 6 tensors (B, H, T, T) of attention weights (rows of padding keys are
+            0), or None when not requested.
+    """
+
+    batch: TokenBatch
+    hidden_states: tuple[torch.Tensor, ...]
+    weights: tuple[torch.Tensor, ...] | None
+
+    @property
+    def last_hidden_state(self) -> torch.Tensor:
+        """The last layer's output (B, T, D)."""
+        return self.hidden_states[-1]
+
+    @property
+    def lengths(self) -> list[int]:
+        """The number of real tokens of each sentence ([CLS] and [SEP] included)."""
+        return self.batch.attention_mask.sum(dim=1).tolist()
 
 
 @lru_cache(maxsize=1)
