@@ -1,0 +1,82 @@
+"""``pick_device``: CUDA, then MPS, then CPU; an explicit or environment choice is honoured."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from selfattn.device import describe_device, pick_device
+
+HAS_CUDA = torch.cuda.is_available()
+HAS_MPS = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+
+
+@pytest.fixture(autouse=True)
+def _no_env_choice(monkeypatch):
+    monkeypatch.delenv("SELFATTN_DEVICE", raising=False)
+
+
+def test_automatic_choice_follows_cuda_mps_cpu():
+    expected = "cuda" if HAS_CUDA else ("mps" if HAS_MPS else "cpu")
+    device = pick_device()
+    assert isinstance(device, torch.device)
+    assert device.type == expected
+
+
+@pytest.mark.skipif(HAS_CUDA or HAS_MPS, reason="this machine has an accelerator")
+def test_returns_cpu_without_accelerator():
+    assert pick_device() == torch.device("cpu")
+
+
+def test_prefer_cpu_always_works():
+    assert pick_device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="this machine has CUDA")
+def test_prefer_cuda_without_cuda_raises():
+    with pytest.raises(ValueError, match=r"prefer='cuda' but no cuda device is available on this machine"):
+        pick_device("cuda")
+
+
+@pytest.mark.skipif(HAS_MPS, reason="this machine has MPS")
+def test_prefer_mps_without_mps_raises():
+    with pytest.raises(ValueError, match=r"prefer='mps' but no mps device is available"):
+        pick_device("mps")
+
+
+@pytest.mark.parametrize("name", ["gpu", "CUDA", "tpu", ""])
+def test_unknown_name_raises(name):
+    with pytest.raises(ValueError, match=rf"prefer must be one of \['cpu', 'cuda', 'mps'\] or None; got '{name}'"):
+        pick_device(name)
+
+
+def test_environment_variable_is_respected(monkeypatch):
+    monkeypatch.setenv("SELFATTN_DEVICE", "cpu")
+    assert pick_device() == torch.device("cpu")
+    monkeypatch.setenv("SELFATTN_DEVICE", "tpu")
+    with pytest.raises(ValueError, match=r"got 'tpu'"):
+        pick_device()
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="this machine has CUDA")
+def test_environment_variable_asking_for_missing_cuda_raises(monkeypatch):
+    monkeypatch.setenv("SELFATTN_DEVICE", "cuda")
+    with pytest.raises(ValueError, match=r"no cuda device is available"):
+        pick_device()
+
+
+def test_explicit_argument_overrides_environment(monkeypatch):
+    monkeypatch.setenv("SELFATTN_DEVICE", "tpu")
+    assert pick_device("cpu") == torch.device("cpu")
+
+
+def test_empty_environment_variable_means_automatic(monkeypatch):
+    automatic = pick_device()
+    monkeypatch.setenv("SELFATTN_DEVICE", "")
+    assert pick_device() == automatic
+
+
+def test_describe_device_cpu():
+    text = describe_device(torch.device("cpu"))
+    assert text == f"cpu ({torch.get_num_threads()} threads)"
+    assert describe_device("cpu") == text
