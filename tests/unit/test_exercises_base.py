@@ -1,0 +1,155 @@
+"""The feedback machinery shared by every chapter's exercise checks (``selfattn.exercises``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from selfattn.exercises import (
+    Feedback,
+    call_learner,
+    checker,
+    compare_arrays,
+    failed,
+    not_attempted,
+    passed,
+    to_numpy,
+)
+
+# --- Feedback ----------------------------------------------------------------------------------
+
+
+def test_feedback_truthiness():
+    assert bool(passed("1.1 demo")) is True
+    assert bool(failed("1.1 demo", "the rows do not sum to one")) is False
+    assert bool(not_attempted("1.1 demo")) is False
+
+
+def test_feedback_str():
+    assert str(passed("2.1 softmax")) == "Exercise 2.1 softmax: correct. Well done."
+    assert str(failed("2.1 softmax", "The rows do not sum to one.")) == (
+        "Exercise 2.1 softmax: not yet right. The rows do not sum to one."
+    )
+    text = str(not_attempted("2.1 softmax"))
+    assert text.startswith("Exercise 2.1 softmax: not attempted yet.")
+    assert "raise NotImplementedError" in text
+    assert repr(passed("x")) == str(passed("x"))
+
+
+def test_feedback_html_escapes_and_colours():
+    good = passed("2.1 <softmax>")._repr_html_()
+    assert "#1a7f37" in good and "Exercise 2.1 &lt;softmax&gt;" in good
+    bad = failed("2.1", "q < k & <script>")._repr_html_()
+    assert "#cf222e" in bad and "q &lt; k &amp; &lt;script&gt;" in bad and "<script>" not in bad
+    assert "#6e7781" in not_attempted("2.1")._repr_html_()
+
+
+def test_feedback_is_frozen():
+    with pytest.raises(AttributeError):
+        passed("x").ok = False
+
+
+# --- call_learner and checker -------------------------------------------------------------------
+
+
+@checker("9.9 double")
+def check_double(fn):
+    got = call_learner("9.9 double", fn, np.arange(3.0))
+    wrong = compare_arrays("9.9 double", got, np.arange(3.0) * 2, what="Your output")
+    return wrong or passed("9.9 double")
+
+
+def test_checker_passes_a_right_answer():
+    fb = check_double(lambda x: 2 * x)
+    assert isinstance(fb, Feedback) and fb.ok and fb.attempted
+
+
+def test_checker_turns_not_implemented_into_not_attempted():
+    def stub(x):
+        raise NotImplementedError
+
+    fb = check_double(stub)
+    assert not fb and fb.attempted is False
+    assert "not attempted yet" in str(fb)
+
+
+def test_checker_turns_a_crash_into_a_message_naming_the_exception():
+    def crash(x):
+        return x @ np.ones((5, 5))
+
+    fb = check_double(crash)
+    assert not fb and fb.attempted
+    assert fb.message.startswith("Your function raised ValueError: ")
+    assert "matmul" in fb.message
+
+
+def test_checker_refuses_a_non_callable():
+    fb = check_double(np.arange(3.0))
+    assert not fb
+    assert fb.message == "Pass your function itself, not ndarray."
+
+
+def test_checker_keeps_name_doc_and_exercise():
+    assert check_double.__name__ == "check_double"
+    assert check_double.exercise == "9.9 double"
+    assert check_double.__wrapped__(lambda x: 2 * x).ok  # the undecorated check is reachable
+
+
+def test_checker_does_not_swallow_bugs_in_the_check_itself():
+    @checker("9.8 broken")
+    def broken_check(fn):
+        raise RuntimeError("bug in the check")
+
+    with pytest.raises(RuntimeError, match="bug in the check"):
+        broken_check(lambda: None)
+
+
+def test_call_learner_passes_arguments_and_returns_result():
+    assert call_learner("x", lambda a, b=0: a + b, 2, b=3) == 5
+
+
+# --- compare_arrays and to_numpy --------------------------------------------------------------
+
+
+def test_compare_arrays_accepts_matching_tensor_and_list():
+    expected = np.array([[0.25, 0.75]])
+    assert compare_arrays("x", torch.tensor([[0.25, 0.75]]), expected, what="The weights") is None
+    assert compare_arrays("x", [[0.25, 0.75 + 1e-9]], expected, what="The weights") is None
+
+
+def test_compare_arrays_wrong_type():
+    fb = compare_arrays("x", {"a": 1}, np.zeros(2), what="The weights")
+    assert not fb and fb.message == "The weights should be an array or tensor; got dict."
+
+
+def test_compare_arrays_wrong_shape():
+    fb = compare_arrays("x", np.zeros((2, 3)), np.zeros((3, 2)), what="The weights")
+    assert not fb and fb.message == "The weights should have shape (3, 2); got (2, 3)."
+
+
+def test_compare_arrays_nan():
+    got = np.array([0.5, np.nan, np.inf])
+    fb = compare_arrays("x", got, np.zeros(3), what="The weights")
+    assert not fb and fb.message == "The weights contains NaN or inf (2 entries)."
+
+
+def test_compare_arrays_wrong_values_reports_the_largest_error():
+    fb = compare_arrays("x", np.array([0.5, 0.6]), np.array([0.5, 0.5]), what="The weights")
+    assert not fb
+    assert fb.message == "The weights has the right shape but wrong values (largest error 0.1)."
+
+
+def test_compare_arrays_tolerance():
+    expected = np.array([1.0])
+    assert compare_arrays("x", expected + 5e-7, expected, what="v") is None
+    assert compare_arrays("x", expected + 5e-3, expected, what="v", atol=1e-2) is None
+    assert compare_arrays("x", expected + 5e-3, expected, what="v") is not None
+
+
+def test_to_numpy():
+    out = to_numpy(torch.tensor([1.0, 2.0], requires_grad=True))
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out, [1.0, 2.0])
+    assert to_numpy(object()) is None
+    assert to_numpy("abc") is None
