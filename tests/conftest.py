@@ -27,7 +27,9 @@ settings.register_profile(
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
-settings.register_profile("selfattn-thorough", parent=settings.get_profile("selfattn"), max_examples=500)
+settings.register_profile(
+    "selfattn-thorough", parent=settings.get_profile("selfattn"), max_examples=500
+)
 settings.load_profile(os.environ.get("SELFATTN_HYPOTHESIS_PROFILE", "selfattn"))
 
 SEED = 0

@@ -37,7 +37,9 @@ def _ref(q, k, v, mask=None, bias=None, scale=None):
     """The float64 NumPy reference on exactly the values the torch code sees."""
     as64 = lambda x: None if x is None else x.detach().to(torch.float64).numpy()  # noqa: E731
     m = None if mask is None else mask.numpy()
-    return ref.scaled_dot_product_attention(as64(q), as64(k), as64(v), m, bias=as64(bias), scale=scale)
+    return ref.scaled_dot_product_attention(
+        as64(q), as64(k), as64(v), m, bias=as64(bias), scale=scale
+    )
 
 
 def _random_mask(gen, T=T, S=S):
@@ -61,7 +63,9 @@ def _assert_three_agree(q, k, v, *, mask=None, bias=None, scale=None, is_causal=
         attn_mask = bias
     else:  # torch takes one float attn_mask: the bias with -inf where the mask blocks
         attn_mask = bias.masked_fill(~mask, float("-inf"))
-    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, is_causal=is_causal)
+    theirs = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, scale=scale, is_causal=is_causal
+    )
     assert ours.dtype == q.dtype
     torch.testing.assert_close(ours.double(), expected, rtol=0, atol=tol)
     torch.testing.assert_close(theirs.double(), expected, rtol=0, atol=tol)
@@ -150,7 +154,9 @@ def test_bottom_right_with_more_queries_than_keys_against_reference(gen):
     keep = causal_mask(7, 3, alignment="bottom_right")
     assert torch.equal(keep, torch.tril(torch.ones(7, 3, dtype=torch.bool), diagonal=-4))
     ours = sdpa(q, k, v, keep)
-    torch.testing.assert_close(ours, torch.from_numpy(_ref(q, k, v, keep)), rtol=0, atol=TOL[torch.float64])
+    torch.testing.assert_close(
+        ours, torch.from_numpy(_ref(q, k, v, keep)), rtol=0, atol=TOL[torch.float64]
+    )
     assert torch.equal(ours[..., :4, :], torch.zeros_like(ours[..., :4, :]))
 
 
@@ -159,7 +165,9 @@ def test_fully_masked_rows_against_reference(gen):
     keep = _random_mask(gen)
     keep[:, :, 1] = False
     ours = sdpa(q, k, v, keep)
-    torch.testing.assert_close(ours, torch.from_numpy(_ref(q, k, v, keep)), rtol=0, atol=TOL[torch.float64])
+    torch.testing.assert_close(
+        ours, torch.from_numpy(_ref(q, k, v, keep)), rtol=0, atol=TOL[torch.float64]
+    )
 
 
 def test_gradients_match_torch(gen):
@@ -170,7 +178,9 @@ def test_gradients_match_torch(gen):
     grads = []
     for fn in (
         lambda q, k, v: sdpa(q, k, v, keep, bias=bias),
-        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=bias.masked_fill(~keep, float("-inf"))),
+        lambda q, k, v: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=bias.masked_fill(~keep, float("-inf"))
+        ),
     ):
         inputs = [x.clone().requires_grad_(True) for x in (q, k, v)]
         (fn(*inputs) * upstream).sum().backward()

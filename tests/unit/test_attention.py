@@ -35,7 +35,11 @@ def _qkv(gen, B=2, H=3, T=4, S=5, Dh=8, Dv=6, dtype=torch.float64, requires_grad
 def _ref(q, k, v, mask=None, **kw):
     m = None if mask is None else mask.numpy()
     return ref.scaled_dot_product_attention(
-        q.detach().double().numpy(), k.detach().double().numpy(), v.detach().double().numpy(), m, **kw
+        q.detach().double().numpy(),
+        k.detach().double().numpy(),
+        v.detach().double().numpy(),
+        m,
+        **kw,
     )
 
 
@@ -44,21 +48,40 @@ def _ref(q, k, v, mask=None, **kw):
 
 def test_wrong_rank_names_argument_and_shape(gen):
     q, k, v = _qkv(gen)
-    with pytest.raises(ValueError, match=re.escape("q must have shape (..., T, Dh) (at least 2 dims); got shape (8,)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("q must have shape (..., T, Dh) (at least 2 dims); got shape (8,)"),
+    ):
         sdpa(q[0, 0, 0], k, v)
-    with pytest.raises(ValueError, match=re.escape("k must have shape (..., S, Dh) (at least 2 dims); got shape (8,)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("k must have shape (..., S, Dh) (at least 2 dims); got shape (8,)"),
+    ):
         sdpa(q, k[0, 0, 0], v)
-    with pytest.raises(ValueError, match=re.escape("v must have shape (..., S, Dv) (at least 2 dims); got shape (6,)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("v must have shape (..., S, Dv) (at least 2 dims); got shape (6,)"),
+    ):
         sdpa(q, k, v[0, 0, 0])
 
 
 def test_mismatched_shapes_name_both(gen):
     q, k, v = _qkv(gen)
-    with pytest.raises(ValueError, match=re.escape("q and k must have the same last dim d_head; got q (2, 3, 4, 8) and k (2, 3, 5, 7)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "q and k must have the same last dim d_head; got q (2, 3, 4, 8) and k (2, 3, 5, 7)"
+        ),
+    ):
         sdpa(q, k[..., :7], v)
     with pytest.raises(ValueError, match=re.escape("got k (2, 3, 5, 8) and v (2, 3, 4, 6)")):
         sdpa(q, k, v[..., :4, :])
-    with pytest.raises(ValueError, match=re.escape("same leading (batch, head) dims; got q (2, 3, 4, 8), k (2, 2, 5, 8), v (2, 2, 5, 6)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "same leading (batch, head) dims; got q (2, 3, 4, 8), k (2, 2, 5, 8), v (2, 2, 5, 6)"
+        ),
+    ):
         sdpa(q, k[:, :2], v[:, :2])
 
 
@@ -66,7 +89,10 @@ def test_mismatched_shapes_name_both(gen):
 def test_non_boolean_mask_refused_with_hint_to_bias(gen, dtype):
     q, k, v = _qkv(gen)
     mask = torch.ones(4, 5, dtype=dtype)  # a 0/1 "mask" whose meaning is ambiguous
-    with pytest.raises(TypeError, match=rf"mask must be a boolean tensor with True = may attend; got dtype {dtype}.*bias="):
+    with pytest.raises(
+        TypeError,
+        match=rf"mask must be a boolean tensor with True = may attend; got dtype {dtype}.*bias=",
+    ):
         sdpa(q, k, v, mask)
 
 
@@ -86,15 +112,24 @@ def test_mask_that_does_not_broadcast(gen, shape):
 
 def test_mask_of_rank_one_refused(gen):
     q, k, v = _qkv(gen)
-    with pytest.raises(ValueError, match=re.escape("mask must have shape (..., T, S) (at least 2 dims); got shape (5,)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("mask must have shape (..., T, S) (at least 2 dims); got shape (5,)"),
+    ):
         sdpa(q, k, v, torch.ones(5, dtype=torch.bool))
 
 
 def test_bad_bias(gen):
     q, k, v = _qkv(gen)
-    with pytest.raises(TypeError, match=r"bias must be a floating tensor added to the scores; got dtype torch\.bool"):
+    with pytest.raises(
+        TypeError,
+        match=r"bias must be a floating tensor added to the scores; got dtype torch\.bool",
+    ):
         sdpa(q, k, v, bias=torch.ones(4, 5, dtype=torch.bool))
-    with pytest.raises(ValueError, match=re.escape("bias must broadcast to (..., T, S) = (2, 3, 4, 5); got shape (5, 4)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("bias must broadcast to (..., T, S) = (2, 3, 4, 5); got shape (5, 4)"),
+    ):
         sdpa(q, k, v, bias=torch.zeros(5, 4, dtype=torch.float64))
     with pytest.raises(TypeError, match=r"bias must be a torch\.Tensor; got ndarray"):
         sdpa(q, k, v, bias=np.zeros((4, 5)))
@@ -116,7 +151,10 @@ def test_bad_dropout_p(gen, p):
 
 def test_mixed_dtypes_refused(gen):
     q, k, v = _qkv(gen)
-    with pytest.raises(TypeError, match=r"q, k and v must share one dtype; got torch\.float32, torch\.float64, torch\.float64"):
+    with pytest.raises(
+        TypeError,
+        match=r"q, k and v must share one dtype; got torch\.float32, torch\.float64, torch\.float64",
+    ):
         sdpa(q.float(), k, v)
 
 
@@ -139,9 +177,14 @@ def test_attention_config_validated():
 
 def test_self_attention_bad_input(gen):
     layer = SelfAttention(AttentionConfig(d_model=8, d_head=4), generator=gen)
-    with pytest.raises(ValueError, match=re.escape("X must have last dim d_model=8; got shape (2, 5, 7)")):
+    with pytest.raises(
+        ValueError, match=re.escape("X must have last dim d_model=8; got shape (2, 5, 7)")
+    ):
         layer(torch.randn(2, 5, 7))
-    with pytest.raises(ValueError, match=re.escape("X must have shape (B, T, D) or (T, D) (3 dims); got shape (1, 2, 5, 8)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("X must have shape (B, T, D) or (T, D) (3 dims); got shape (1, 2, 5, 8)"),
+    ):
         layer(torch.randn(1, 2, 5, 8))
     with pytest.raises(TypeError, match=r"X must be a torch\.Tensor; got list"):
         layer([[0.0] * 8])
@@ -152,7 +195,9 @@ def test_self_attention_bad_input(gen):
 
 def test_masked_softmax_equals_torch_softmax(gen):
     scores = torch.randn(3, 4, 5, generator=gen, dtype=torch.float64) * 10
-    torch.testing.assert_close(masked_softmax(scores, None), torch.softmax(scores, -1), rtol=0, atol=TOL64)
+    torch.testing.assert_close(
+        masked_softmax(scores, None), torch.softmax(scores, -1), rtol=0, atol=TOL64
+    )
     keep = torch.rand(3, 4, 5, generator=gen) > 0.4
     keep[..., 0] = True
     expected = torch.softmax(scores.masked_fill(~keep, float("-inf")), -1)
@@ -176,7 +221,9 @@ def test_scores_are_q_kT_over_sqrt_d_head(gen):
 def test_explicit_scale(gen):
     q, k, v = _qkv(gen)
     _, weights = sdpa(q, k, v, scale=0.05, return_weights=True)
-    torch.testing.assert_close(weights, torch.softmax(q @ k.transpose(-2, -1) * 0.05, -1), rtol=0, atol=TOL64)
+    torch.testing.assert_close(
+        weights, torch.softmax(q @ k.transpose(-2, -1) * 0.05, -1), rtol=0, atol=TOL64
+    )
 
 
 def test_bias_is_added_before_softmax(gen):
@@ -254,7 +301,9 @@ def test_inf_at_a_key_masked_for_some_queries_reaches_only_the_query_that_sees_i
     k_bad = k.clone()
     k_bad[..., 3, :] = float("inf")  # only query 3 may read key 3
     context = sdpa(q, k_bad, v, keep)
-    np.testing.assert_allclose(context[..., :3, :].numpy(), _ref(q, k, v, keep)[..., :3, :], rtol=0, atol=TOL64)
+    np.testing.assert_allclose(
+        context[..., :3, :].numpy(), _ref(q, k, v, keep)[..., :3, :], rtol=0, atol=TOL64
+    )
 
 
 @pytest.mark.xfail(
@@ -269,7 +318,9 @@ def test_nan_value_at_a_position_masked_for_some_queries_does_not_reach_them(gen
     v_bad = v.clone()
     v_bad[..., 3, :] = float("nan")  # only query 3 may read position 3
     context = sdpa(q, k, v_bad, keep)
-    np.testing.assert_allclose(context[..., :3, :].numpy(), _ref(q, k, v, keep)[..., :3, :], rtol=0, atol=TOL64)
+    np.testing.assert_allclose(
+        context[..., :3, :].numpy(), _ref(q, k, v, keep)[..., :3, :], rtol=0, atol=TOL64
+    )
 
 
 def test_float_zero_one_mask_refused_even_if_it_looks_right(gen):
@@ -285,7 +336,9 @@ def test_causal_diagonal_included(gen):
     _, weights = sdpa(q, k, v, causal_mask(6), return_weights=True)
     diagonal = weights.diagonal(dim1=-2, dim2=-1)  # (B, H, T)
     assert (diagonal > 0).all()  # every token attends to itself
-    torch.testing.assert_close(weights[..., 0, 0], torch.ones_like(weights[..., 0, 0]), rtol=0, atol=TOL64)
+    torch.testing.assert_close(
+        weights[..., 0, 0], torch.ones_like(weights[..., 0, 0]), rtol=0, atol=TOL64
+    )
     upper = torch.triu(torch.ones(6, 6, dtype=torch.bool), diagonal=1)
     assert torch.equal(weights[..., upper], torch.zeros_like(weights[..., upper]))
 
@@ -322,7 +375,9 @@ def test_masked_scores_may_hold_nan_in_bias(gen):
     q, k, v = _qkv(gen)
     keep = causal_mask(4, 5, alignment="top_left")
     bias = torch.where(keep, 0.0, float("nan")).double()
-    torch.testing.assert_close(sdpa(q, k, v, keep, bias=bias), sdpa(q, k, v, keep), rtol=0, atol=TOL64)
+    torch.testing.assert_close(
+        sdpa(q, k, v, keep, bias=bias), sdpa(q, k, v, keep), rtol=0, atol=TOL64
+    )
 
 
 def test_dropout_zero_is_deterministic(gen):
@@ -384,5 +439,11 @@ def test_self_attention_with_causal_mask(gen):
 
 
 def test_public_names_exist():
-    for name in ("scaled_dot_product_attention", "causal_mask", "padding_mask", "SelfAttention", "ref"):
+    for name in (
+        "scaled_dot_product_attention",
+        "causal_mask",
+        "padding_mask",
+        "SelfAttention",
+        "ref",
+    ):
         assert hasattr(selfattn, name)

@@ -34,7 +34,9 @@ def test_prefer_cpu_always_works():
 
 @pytest.mark.skipif(HAS_CUDA, reason="this machine has CUDA")
 def test_prefer_cuda_without_cuda_raises():
-    with pytest.raises(ValueError, match=r"prefer='cuda' but no cuda device is available on this machine"):
+    with pytest.raises(
+        ValueError, match=r"prefer='cuda' but no cuda device is available on this machine"
+    ):
         pick_device("cuda")
 
 
@@ -46,7 +48,9 @@ def test_prefer_mps_without_mps_raises():
 
 @pytest.mark.parametrize("name", ["gpu", "CUDA", "tpu", ""])
 def test_unknown_name_raises(name):
-    with pytest.raises(ValueError, match=rf"prefer must be one of \['cpu', 'cuda', 'mps'\] or None; got '{name}'"):
+    with pytest.raises(
+        ValueError, match=rf"prefer must be one of \['cpu', 'cuda', 'mps'\] or None; got '{name}'"
+    ):
         pick_device(name)
 
 

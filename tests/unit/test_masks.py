@@ -22,17 +22,22 @@ def test_causal_square_is_tril_with_diagonal(T):
     got = causal_mask(T)
     assert got.dtype == torch.bool and got.shape == (T, T)
     assert torch.equal(got, torch.tril(torch.ones(T, T, dtype=torch.bool)))
-    assert got.diagonal().all()  # causal diagonal off by one is a known bug: every token sees itself
+    # A causal diagonal off by one is a known bug: every token must see itself.
+    assert got.diagonal().all()
 
 
 @pytest.mark.parametrize("alignment", [None, "top_left", "bottom_right"])
 def test_causal_square_alignment_does_not_matter(alignment):
-    assert torch.equal(causal_mask(5, 5, alignment=alignment), torch.tril(torch.ones(5, 5, dtype=torch.bool)))
+    assert torch.equal(
+        causal_mask(5, 5, alignment=alignment), torch.tril(torch.ones(5, 5, dtype=torch.bool))
+    )
 
 
 @pytest.mark.parametrize(("T", "S"), [(3, 7), (7, 3), (1, 5), (5, 1)])
 def test_causal_top_left_is_tril(T, S):
-    assert torch.equal(causal_mask(T, S, alignment="top_left"), torch.tril(torch.ones(T, S, dtype=torch.bool)))
+    assert torch.equal(
+        causal_mask(T, S, alignment="top_left"), torch.tril(torch.ones(T, S, dtype=torch.bool))
+    )
 
 
 @pytest.mark.parametrize(("T", "S"), [(3, 7), (7, 3), (1, 5), (5, 1)])
@@ -43,13 +48,20 @@ def test_causal_bottom_right_is_tril_shifted_by_S_minus_T(T, S):
     assert got[-1].all()  # the newest query sees every key
 
 
-@pytest.mark.parametrize(("T", "S", "alignment"), [(3, 7, "top_left"), (3, 7, "bottom_right"), (6, 6, None)])
+@pytest.mark.parametrize(
+    ("T", "S", "alignment"), [(3, 7, "top_left"), (3, 7, "bottom_right"), (6, 6, None)]
+)
 def test_causal_equals_numpy_reference(T, S, alignment):
-    np.testing.assert_array_equal(causal_mask(T, S, alignment=alignment).numpy(), ref.causal_mask(T, S, alignment=alignment))
+    np.testing.assert_array_equal(
+        causal_mask(T, S, alignment=alignment).numpy(), ref.causal_mask(T, S, alignment=alignment)
+    )
 
 
 def test_causal_missing_alignment_when_T_differs_from_S():
-    with pytest.raises(ValueError, match=r"T=1 queries and S=5 keys needs an explicit alignment: 'top_left'.*'bottom_right'"):
+    with pytest.raises(
+        ValueError,
+        match=r"T=1 queries and S=5 keys needs an explicit alignment: 'top_left'.*'bottom_right'",
+    ):
         causal_mask(1, 5)
 
 
@@ -98,11 +110,15 @@ def test_padding_mask_bad_inputs():
         padding_mask([1.0, 2.0])
     with pytest.raises(TypeError, match=r"lengths must hold integers; got dtype torch\.bool"):
         padding_mask([True, False])
-    with pytest.raises(ValueError, match=re.escape("lengths must have shape (B,) (1 dims); got shape (2, 2)")):
+    with pytest.raises(
+        ValueError, match=re.escape("lengths must have shape (B,) (1 dims); got shape (2, 2)")
+    ):
         padding_mask([[1, 2], [3, 4]])
     with pytest.raises(ValueError, match=re.escape("lengths must be >= 0; got [2, -1]")):
         padding_mask([2, -1])
-    with pytest.raises(ValueError, match=re.escape("every length must be <= S=3; got lengths [2, 4]")):
+    with pytest.raises(
+        ValueError, match=re.escape("every length must be <= S=3; got lengths [2, 4]")
+    ):
         padding_mask([2, 4], 3)
     with pytest.raises(ValueError, match=r"S must be > 0; got 0"):
         padding_mask([0], 0)
@@ -117,20 +133,26 @@ def test_padding_mask_broadcasts_over_heads_and_queries():
     v = torch.randn(2, 3, 5, 8, generator=gen, dtype=torch.float64)
     _, weights = scaled_dot_product_attention(q, k, v, padding_mask([2, 5], 5), return_weights=True)
     assert torch.equal(weights[0, :, :, 2:], torch.zeros(3, 4, 3, dtype=torch.float64))
-    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 4, dtype=torch.float64), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        weights.sum(-1), torch.ones(2, 3, 4, dtype=torch.float64), rtol=0, atol=1e-12
+    )
 
 
 # --- converters --------------------------------------------------------------------------------
 
 
 def test_from_blocked_mask_inverts_polarity():
-    blocked = torch.triu(torch.ones(4, 4, dtype=torch.bool), diagonal=1)  # nn.MultiheadAttention's causal mask
+    # nn.MultiheadAttention's causal attn_mask: True above the diagonal means "blocked".
+    blocked = torch.triu(torch.ones(4, 4, dtype=torch.bool), diagonal=1)
     assert torch.equal(from_blocked_mask(blocked), causal_mask(4))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
 def test_from_blocked_mask_refuses_non_boolean(dtype):
-    with pytest.raises(TypeError, match=rf"blocked must be a boolean tensor \(True = blocked\); got dtype {dtype}.*bias="):
+    with pytest.raises(
+        TypeError,
+        match=rf"blocked must be a boolean tensor \(True = blocked\); got dtype {dtype}.*bias=",
+    ):
         from_blocked_mask(torch.zeros(3, 3, dtype=dtype))
 
 
@@ -148,11 +170,22 @@ def test_from_hf_attention_mask(dtype):
 
 
 def test_from_hf_attention_mask_bad_inputs():
-    with pytest.raises(TypeError, match=r"attention_mask must be an integer or boolean \(B, S\) tensor of 0/1; got dtype torch\.float32"):
+    with pytest.raises(
+        TypeError,
+        match=r"attention_mask must be an integer or boolean \(B, S\) tensor of 0/1; got dtype torch\.float32",
+    ):
         from_hf_attention_mask(torch.ones(2, 3))
-    with pytest.raises(ValueError, match=re.escape("attention_mask must have shape (B, S) (2 dims); got shape (3,)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("attention_mask must have shape (B, S) (2 dims); got shape (3,)"),
+    ):
         from_hf_attention_mask(torch.ones(3, dtype=torch.int64))
-    with pytest.raises(ValueError, match=re.escape("attention_mask must hold only 0 and 1; got values [0, 1, 2] in a tensor of shape (1, 3)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "attention_mask must hold only 0 and 1; got values [0, 1, 2] in a tensor of shape (1, 3)"
+        ),
+    ):
         from_hf_attention_mask(torch.tensor([[0, 1, 2]]))
     with pytest.raises(TypeError, match=r"attention_mask must be a torch\.Tensor; got list"):
         from_hf_attention_mask([[1, 0]])

@@ -45,13 +45,29 @@ def test_model_dir_holds_the_files():
 
 def test_config(minilm):
     c = minilm.config
-    assert (c.n_layers, c.n_heads, c.d_model, c.d_head, c.vocab_size, c.d_ff) == (6, 12, 384, 32, 30522, 1536)
+    assert (c.n_layers, c.n_heads, c.d_model, c.d_head, c.vocab_size, c.d_ff) == (
+        6,
+        12,
+        384,
+        32,
+        30522,
+        1536,
+    )
     assert c.pad_token_id == 0 and c.max_positions == 512
 
 
 def test_config_validated():
-    good = dict(vocab_size=10, d_model=8, n_layers=1, n_heads=2, d_ff=16, max_positions=4,
-                type_vocab_size=2, layer_norm_eps=1e-12, pad_token_id=0)
+    good = dict(
+        vocab_size=10,
+        d_model=8,
+        n_layers=1,
+        n_heads=2,
+        d_ff=16,
+        max_positions=4,
+        type_vocab_size=2,
+        layer_norm_eps=1e-12,
+        pad_token_id=0,
+    )
     MiniLMConfig(**good)
     with pytest.raises(ValueError, match=r"d_model=8 must be divisible by n_heads=3"):
         MiniLMConfig(**{**good, "n_heads": 3})
@@ -115,11 +131,18 @@ def test_embedding_lookup_equals_the_table_row(minilm):
 
 
 def test_bad_ids_raise(minilm):
-    with pytest.raises(ValueError, match=re.escape("input_ids must be in [0, 30522); got min 0, max 30522 in a tensor of shape (1, 2)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "input_ids must be in [0, 30522); got min 0, max 30522 in a tensor of shape (1, 2)"
+        ),
+    ):
         minilm.token_embeddings(torch.tensor([[0, 30522]]))
     with pytest.raises(ValueError, match=re.escape("got min -1, max 5 in a tensor of shape (2,)")):
         minilm.token_embeddings(torch.tensor([-1, 5]))
-    with pytest.raises(TypeError, match=r"input_ids must be an int64 or int32 tensor; got dtype torch\.float32"):
+    with pytest.raises(
+        TypeError, match=r"input_ids must be an int64 or int32 tensor; got dtype torch\.float32"
+    ):
         minilm.token_embeddings(torch.tensor([[1.0, 2.0]]))
     with pytest.raises(TypeError, match=r"input_ids must be a torch\.Tensor; got list"):
         minilm.token_embeddings([[101, 102]])

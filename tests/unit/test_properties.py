@@ -67,7 +67,9 @@ def test_output_is_weights_at_v_and_in_convex_hull_of_visible_values(inputs):
 def test_torch_path_equals_numpy_reference(inputs):
     q, k, v, keep = inputs
     got = sdpa(_t(q), _t(k), _t(v), _t(keep)).numpy()
-    np.testing.assert_allclose(got, ref.scaled_dot_product_attention(q, k, v, keep), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        got, ref.scaled_dot_product_attention(q, k, v, keep), rtol=0, atol=1e-12
+    )
 
 
 @given(attention_inputs(), st.randoms(use_true_random=False))
@@ -87,9 +89,15 @@ def test_permuting_keys_and_values_together_leaves_output_unchanged(inputs, rand
     seed=st.integers(0, 2**16),
     random=st.randoms(use_true_random=False),
 )
-def test_self_attention_is_permutation_equivariant_without_positions(T, d_model, d_head, seed, random):
+def test_self_attention_is_permutation_equivariant_without_positions(
+    T, d_model, d_head, seed, random
+):
     gen = torch.Generator().manual_seed(seed)
-    layer = SelfAttention(AttentionConfig(d_model=d_model, d_head=d_head), generator=gen).double().eval()
+    layer = (
+        SelfAttention(AttentionConfig(d_model=d_model, d_head=d_head), generator=gen)
+        .double()
+        .eval()
+    )
     X = torch.randn(2, T, d_model, generator=gen, dtype=torch.float64)
     perm = list(range(T))
     random.shuffle(perm)
@@ -104,7 +112,9 @@ def test_padding_more_keys_changes_nothing(inputs, extra):
     """Appending masked keys (padding), whatever their values, leaves the output unchanged."""
     q, k, v, keep = inputs
     gen = torch.Generator().manual_seed(extra)
-    k_pad = torch.cat([_t(k), torch.randn(extra, k.shape[1], generator=gen, dtype=torch.float64) * 1e3])
+    k_pad = torch.cat(
+        [_t(k), torch.randn(extra, k.shape[1], generator=gen, dtype=torch.float64) * 1e3]
+    )
     v_pad = torch.cat([_t(v), torch.full((extra, v.shape[1]), float("nan"), dtype=torch.float64)])
     keep_pad = torch.cat([_t(keep), torch.zeros(q.shape[0], extra, dtype=torch.bool)], dim=1)
     out = sdpa(_t(q), _t(k), _t(v), _t(keep))

@@ -65,11 +65,16 @@ def test_softmax_fully_masked_row_is_zero():
 
 
 def test_softmax_bad_inputs():
-    with pytest.raises(TypeError, match=r"mask must be a boolean tensor .*got dtype float64.*bias="):
+    with pytest.raises(
+        TypeError, match=r"mask must be a boolean tensor .*got dtype float64.*bias="
+    ):
         ref.softmax(np.zeros((2, 3)), mask=np.ones((2, 3)))
     with pytest.raises(TypeError, match=r"mask must be a boolean tensor .*got dtype int64"):
         ref.softmax(np.zeros((2, 3)), mask=np.ones((2, 3), dtype=np.int64))
-    with pytest.raises(ValueError, match=re.escape("mask must broadcast to the shape of x (2, 3); got shape (2, 4)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("mask must broadcast to the shape of x (2, 3); got shape (2, 4)"),
+    ):
         ref.softmax(np.zeros((2, 3)), mask=np.ones((2, 4), dtype=bool))
     with pytest.raises(TypeError, match=r"x must be a NumPy array"):
         ref.softmax(torch.zeros(3))
@@ -95,14 +100,18 @@ def test_causal_mask_alignments(T, S):
         ref.causal_mask(T, S, alignment="top_left"), np.tril(np.ones((T, S), dtype=bool))
     )
     np.testing.assert_array_equal(
-        ref.causal_mask(T, S, alignment="bottom_right"), np.tril(np.ones((T, S), dtype=bool), k=S - T)
+        ref.causal_mask(T, S, alignment="bottom_right"),
+        np.tril(np.ones((T, S), dtype=bool), k=S - T),
     )
 
 
 def test_causal_mask_bad_inputs():
     with pytest.raises(ValueError, match=r"T=3 queries and S=5 keys needs an explicit alignment"):
         ref.causal_mask(3, 5)
-    with pytest.raises(ValueError, match=r"alignment must be one of \('top_left', 'bottom_right'\) or None; got 'bottom'"):
+    with pytest.raises(
+        ValueError,
+        match=r"alignment must be one of \('top_left', 'bottom_right'\) or None; got 'bottom'",
+    ):
         ref.causal_mask(3, 5, alignment="bottom")
     with pytest.raises(ValueError, match=r"T must be > 0; got 0"):
         ref.causal_mask(0)
@@ -125,14 +134,18 @@ def _attention_by_formula(q, k, v, keep=None, scale=None):
 
 def test_attention_equals_formula(rng):
     q, k, v = _qkv(rng, 2, 3)
-    np.testing.assert_allclose(ref.scaled_dot_product_attention(q, k, v), _attention_by_formula(q, k, v), rtol=0, atol=TOL)
+    np.testing.assert_allclose(
+        ref.scaled_dot_product_attention(q, k, v), _attention_by_formula(q, k, v), rtol=0, atol=TOL
+    )
 
 
 def test_attention_with_mask_and_scale_equals_formula(rng):
     q, k, v = _qkv(rng, 2, T=4, S=4)
     keep = ref.causal_mask(4)
     got = ref.scaled_dot_product_attention(q, k, v, keep, scale=0.3)
-    np.testing.assert_allclose(got, _attention_by_formula(q, k, v, keep, scale=0.3), rtol=0, atol=TOL)
+    np.testing.assert_allclose(
+        got, _attention_by_formula(q, k, v, keep, scale=0.3), rtol=0, atol=TOL
+    )
 
 
 def test_attention_bias_is_added_to_scores(rng):
@@ -140,7 +153,9 @@ def test_attention_bias_is_added_to_scores(rng):
     bias = rng.standard_normal((3, 5))
     scores = q @ k.T / 2.0 + bias  # Dh = 4: sqrt(Dh) = 2
     expected = torch.softmax(torch.from_numpy(scores), -1).numpy() @ v
-    np.testing.assert_allclose(ref.scaled_dot_product_attention(q, k, v, bias=bias), expected, rtol=0, atol=TOL)
+    np.testing.assert_allclose(
+        ref.scaled_dot_product_attention(q, k, v, bias=bias), expected, rtol=0, atol=TOL
+    )
 
 
 def test_attention_returns_weights_that_reproduce_the_output(rng):
@@ -194,19 +209,33 @@ def test_attention_accepts_lists_and_ints():
 
 def test_attention_bad_inputs(rng):
     q, k, v = _qkv(rng, 2, T=3, S=5, Dh=4, Dv=6)
-    with pytest.raises(ValueError, match=re.escape("q must have shape (..., T, Dh) (at least 2 dims); got shape (4,)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("q must have shape (..., T, Dh) (at least 2 dims); got shape (4,)"),
+    ):
         ref.scaled_dot_product_attention(q[0, 0], k, v)
-    with pytest.raises(ValueError, match=re.escape("same last dim d_head; got q (2, 3, 4) and k (2, 5, 3)")):
+    with pytest.raises(
+        ValueError, match=re.escape("same last dim d_head; got q (2, 3, 4) and k (2, 5, 3)")
+    ):
         ref.scaled_dot_product_attention(q, k[..., :3], v)
     with pytest.raises(ValueError, match=re.escape("got k (2, 5, 4) and v (2, 4, 6)")):
         ref.scaled_dot_product_attention(q, k, v[:, :4])
     with pytest.raises(TypeError, match=r"mask must be a boolean tensor .*float64.*bias="):
         ref.scaled_dot_product_attention(q, k, v, np.ones((3, 5)))
-    with pytest.raises(ValueError, match=re.escape("mask must broadcast to (..., T, S) = (2, 3, 5); got shape (3, 4)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("mask must broadcast to (..., T, S) = (2, 3, 5); got shape (3, 4)"),
+    ):
         ref.scaled_dot_product_attention(q, k, v, np.ones((3, 4), dtype=bool))
-    with pytest.raises(ValueError, match=re.escape("mask must have shape (..., T, S) (at least 2 dims); got shape (5,)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("mask must have shape (..., T, S) (at least 2 dims); got shape (5,)"),
+    ):
         ref.scaled_dot_product_attention(q, k, v, np.ones(5, dtype=bool))
-    with pytest.raises(ValueError, match=re.escape("bias must broadcast to (..., T, S) = (2, 3, 5); got shape (5, 3)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("bias must broadcast to (..., T, S) = (2, 3, 5); got shape (5, 3)"),
+    ):
         ref.scaled_dot_product_attention(q, k, v, bias=np.zeros((5, 3)))
     with pytest.raises(ValueError, match=r"scale must be a finite number > 0 or None.*got -1\.0"):
         ref.scaled_dot_product_attention(q, k, v, scale=-1.0)

@@ -38,9 +38,14 @@ def test_require_array_converts_to_float64_and_refuses_torch_and_bool():
 
 
 def test_require_min_rank_and_rank_name_layout_and_shape():
-    with pytest.raises(ValueError, match=re.escape("q must have shape (..., T, Dh) (at least 2 dims); got shape (5,)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("q must have shape (..., T, Dh) (at least 2 dims); got shape (5,)"),
+    ):
         V.require_min_rank("q", torch.zeros(5), 2, "(..., T, Dh)")
-    with pytest.raises(ValueError, match=re.escape("X must have shape (B, T, D) (3 dims); got shape (1, 2, 3, 4)")):
+    with pytest.raises(
+        ValueError, match=re.escape("X must have shape (B, T, D) (3 dims); got shape (1, 2, 3, 4)")
+    ):
         V.require_rank("X", torch.zeros(1, 2, 3, 4), 3, "(B, T, D)")
     V.require_rank("X", torch.zeros(1, 2, 3), 3, "(B, T, D)")
 
@@ -65,11 +70,19 @@ def test_require_positive_int_accepts_numpy_int():
 def test_require_qkv_messages_name_both_shapes():
     q, k, v = torch.zeros(2, 3, 4), torch.zeros(2, 5, 4), torch.zeros(2, 5, 6)
     V.require_qkv(q, k, v)
-    with pytest.raises(ValueError, match=re.escape("same last dim d_head; got q (2, 3, 4) and k (2, 5, 8)")):
+    with pytest.raises(
+        ValueError, match=re.escape("same last dim d_head; got q (2, 3, 4) and k (2, 5, 8)")
+    ):
         V.require_qkv(q, torch.zeros(2, 5, 8), v)
-    with pytest.raises(ValueError, match=re.escape("number of positions S (dim -2); got k (2, 5, 4) and v (2, 6, 6)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("number of positions S (dim -2); got k (2, 5, 4) and v (2, 6, 6)"),
+    ):
         V.require_qkv(q, k, torch.zeros(2, 6, 6))
-    with pytest.raises(ValueError, match=re.escape("leading (batch, head) dims; got q (3, 3, 4), k (2, 5, 4), v (2, 5, 6)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("leading (batch, head) dims; got q (3, 3, 4), k (2, 5, 4), v (2, 5, 6)"),
+    ):
         V.require_qkv(torch.zeros(3, 3, 4), k, v)
 
 
@@ -84,9 +97,13 @@ def test_require_broadcastable():
         V.require_broadcastable("mask", torch.zeros(1, 1, 4, 5), (4, 5), "(..., T, S) =")
 
 
-@pytest.mark.parametrize("mask", [torch.ones(2, 2), torch.ones(2, 2, dtype=torch.int64), np.ones((2, 2))])
+@pytest.mark.parametrize(
+    "mask", [torch.ones(2, 2), torch.ones(2, 2, dtype=torch.int64), np.ones((2, 2))]
+)
 def test_require_bool_mask_refuses_float_and_int(mask):
-    with pytest.raises(TypeError, match=r"mask must be a boolean tensor with True = may attend; got dtype .*bias="):
+    with pytest.raises(
+        TypeError, match=r"mask must be a boolean tensor with True = may attend; got dtype .*bias="
+    ):
         V.require_bool_mask("mask", mask)
 
 

@@ -19,8 +19,13 @@ from selfattn import viz
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
 
-def _figure(title="Attention weights", description="A 2 by 2 heat map of attention weights.", **layout):
-    fig = go.Figure(go.Heatmap(z=[[0.1, 0.9], [0.5, 0.5]], colorscale=viz.COLORSCALE), layout={"title": title, **layout})
+def _figure(
+    title="Attention weights", description="A 2 by 2 heat map of attention weights.", **layout
+):
+    fig = go.Figure(
+        go.Heatmap(z=[[0.1, 0.9], [0.5, 0.5]], colorscale=viz.COLORSCALE),
+        layout={"title": title, **layout},
+    )
     return viz.describe(fig, description) if description else fig
 
 
