@@ -1,0 +1,99 @@
+"""Chapter 06's checks accept the reference solutions and explain the typical mistakes."""
+
+from __future__ import annotations
+
+import math
+
+from selfattn import merge_heads, split_heads
+from selfattn.exercises import ch06
+
+
+def _split(x, n_heads):
+    B, T, D = x.shape
+    return x.reshape(B, T, n_heads, D // n_heads).transpose(1, 2)  # (B, T, D) -> (B, H, T, Dh)
+
+
+def _merge(x):
+    B, H, T, Dh = x.shape
+    return x.transpose(1, 2).reshape(B, T, H * Dh)  # (B, H, T, Dh) -> (B, T, D)
+
+
+def test_split_merge_accepts_the_solution_and_the_library():
+    fb = ch06.check_split_merge_heads(_split, _merge)
+    assert fb.ok and fb.attempted
+    assert ch06.check_split_merge_heads(split_heads, merge_heads)
+
+
+def test_split_merge_catches_the_missing_transpose_in_split():
+    def split_no_transpose(x, n_heads):
+        B, T, D = x.shape
+        return x.reshape(B, T, n_heads, D // n_heads)
+
+    fb = ch06.check_split_merge_heads(split_no_transpose, _merge)
+    assert not fb.ok and "forgot the transpose" in fb.message
+
+
+def test_split_merge_catches_reshaping_straight_to_heads():
+    def split_straight(x, n_heads):
+        B, T, D = x.shape
+        return x.reshape(B, n_heads, T, D // n_heads)
+
+    fb = ch06.check_split_merge_heads(split_straight, _merge)
+    assert not fb.ok and "straight to (B, H, T, Dh)" in fb.message
+
+
+def test_split_merge_catches_merging_without_transposing_back():
+    def merge_no_transpose(x):
+        B, H, T, Dh = x.shape
+        return x.reshape(B, T, H * Dh)
+
+    fb = ch06.check_split_merge_heads(_split, merge_no_transpose)
+    assert not fb.ok and "without transposing back" in fb.message
+
+
+def test_split_merge_not_attempted():
+    def stub(*args):
+        raise NotImplementedError
+
+    fb = ch06.check_split_merge_heads(stub, stub)
+    assert not fb.ok and not fb.attempted
+
+
+def _mha(X, W_Q, W_K, W_V, W_O, n_heads, *, d_scale=None, merge=_merge, use_W_O=True):
+    Q, K, V = (_split(X @ W, n_heads) for W in (W_Q, W_K, W_V))  # (B, T, D) -> (B, H, T, Dh)
+    d = Q.shape[-1] if d_scale is None else d_scale
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(d)  # (B, H, T, Dh) @ (B, H, Dh, T) -> (B, H, T, T)
+    weights = scores.softmax(dim=-1)
+    concat = merge(weights @ V)  # (B, H, T, T) @ (B, H, T, Dh) -> (B, T, D)
+    return (concat @ W_O if use_W_O else concat), weights
+
+
+def test_mha_accepts_the_solution():
+    fb = ch06.check_multi_head_attention(_mha)
+    assert fb.ok and fb.attempted
+
+
+def test_mha_catches_scaling_by_d_model():
+    fb = ch06.check_multi_head_attention(lambda X, *W: _mha(X, *W, d_scale=X.shape[-1]))
+    assert not fb.ok and "sqrt(d_model), not sqrt(d_head)" in fb.message
+
+
+def test_mha_catches_no_scaling():
+    fb = ch06.check_multi_head_attention(lambda X, *W: _mha(X, *W, d_scale=1))
+    assert not fb.ok and "did not scale" in fb.message
+
+
+def test_mha_catches_merge_without_transpose_and_missing_W_O():
+    def bad_merge(x):
+        B, H, T, Dh = x.shape
+        return x.reshape(B, T, H * Dh)
+
+    fb = ch06.check_multi_head_attention(lambda X, *W: _mha(X, *W, merge=bad_merge))
+    assert not fb.ok and "without transposing" in fb.message
+    fb = ch06.check_multi_head_attention(lambda X, *W: _mha(X, *W, use_W_O=False))
+    assert not fb.ok and "multiply it by W_O" in fb.message
+
+
+def test_mha_reports_a_wrong_return_type():
+    fb = ch06.check_multi_head_attention(lambda X, *W: _mha(X, *W)[0])
+    assert not fb.ok and "pair (out, weights)" in fb.message
