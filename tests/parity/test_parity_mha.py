@@ -284,3 +284,36 @@ def test_blocks_match_numpy_reference(dtype, block_cls, ref_fn, to_ref_params):
     name = f"ref.{ref_fn.__name__} {str(dtype)[6:]}"
     _close(name + " out", out, expected_out, TOL[dtype])
     _close(name + " weights", weights, expected_weights, TOL[dtype])
+
+
+def test_regression_float16_large_scores_stay_finite_and_match_float64():
+    """Failure kind 'float16 inputs with large scores': raw q.k products here exceed float16's
+    maximum (65504), so scores computed in float16 would be inf. Expected: the float64 reference
+    on the same (float16-rounded) projections. Tolerances: weights 1e-4, out rtol 2e-3."""
+    torch.manual_seed(0)
+    ours = (
+        MultiHeadAttention.from_torch(nn.MultiheadAttention(D, H, dtype=torch.float64))
+        .half()
+        .eval()
+    )
+    x = (
+        torch.randn(B, T, D, generator=torch.Generator().manual_seed(7), dtype=torch.float64) * 250
+    ).half()
+    with torch.no_grad():
+        out, weights = ours(x, mask=causal_mask(T), return_weights=True)
+
+        def heads(W, b):  # (B, T, D) -> (B, H, T, Dh), float16 as in the module, then float64
+            return (x @ W + b).view(B, T, H, D // H).transpose(1, 2).double().numpy()
+
+        q, k, v = heads(ours.W_Q, ours.b_Q), heads(ours.W_K, ours.b_K), heads(ours.W_V, ours.b_V)
+        W_O, b_O = ours.W_O.double().numpy(), ours.b_O.double().numpy()
+    assert np.abs(q @ np.swapaxes(k, -1, -2)).max() > 65504  # would overflow in float16
+    context, expected_weights = ref.scaled_dot_product_attention(
+        q, k, v, causal_mask(T).numpy(), return_weights=True
+    )
+    expected_out = context.transpose(0, 2, 1, 3).reshape(B, T, D) @ W_O + b_O  # (B, T, D)
+    assert (
+        out.dtype == torch.float16 and torch.isfinite(out).all() and torch.isfinite(weights).all()
+    )
+    _close("float16 large scores weights", weights.double(), expected_weights, 1e-4)
+    _close("float16 large scores out", out.double(), expected_out, 1e-2, rtol=2e-3)
