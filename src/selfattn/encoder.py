@@ -49,7 +49,8 @@ class EncoderConfig:
         for name in ("vocab_size", "n_layers", "max_positions", "type_vocab_size"):
             require_positive_int(name, getattr(self, name))
         require_probability("dropout", self.dropout)
-        BlockConfig(self.d_model, self.n_heads, self.d_ff, self.dropout, self.layer_norm_eps)  # validates
+        # Building the blocks' config validates d_model, n_heads, d_ff and layer_norm_eps.
+        BlockConfig(self.d_model, self.n_heads, self.d_ff, self.dropout, self.layer_norm_eps)
 
     @property
     def block_config(self) -> BlockConfig:
