@@ -1,0 +1,1 @@
+"""Small, fast experiments that the chapters run and the chapter tests check."""
