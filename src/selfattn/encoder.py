@@ -117,6 +117,7 @@ class Encoder(nn.Module):
         Padding positions still get hidden states (they attend to the real tokens); read only the
         real positions.
         """
+        x = self.embeddings(input_ids, token_type_ids)  # (B, T) -> (B, T, D); validates the ids
         mask = None
         if attention_mask is not None:
             require_tensor("attention_mask", attention_mask)
@@ -127,7 +128,6 @@ class Encoder(nn.Module):
                     f"got {shape_of(attention_mask)}"
                 )
             mask = from_hf_attention_mask(attention_mask)  # (B, T) -> (B, 1, 1, T): keys only
-        x = self.embeddings(input_ids, token_type_ids)  # (B, T) -> (B, T, D)
         hidden_states, weights = [x], []
         for block in self.blocks:
             x, w = block(x, mask, return_weights=True)  # (B, T, D), (B, H, T, T)
