@@ -9,9 +9,18 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
-from selfattn import MHAConfig, MultiHeadAttention, causal_mask, merge_heads, split_heads
+from selfattn import (
+    MHAConfig,
+    MultiHeadAttention,
+    causal_mask,
+    merge_heads,
+    padding_mask,
+    split_heads,
+)
 
 TOL64 = dict(rtol=0.0, atol=1e-12)
 
@@ -222,3 +231,25 @@ def test_from_torch_and_to_torch_are_inverse_weight_mappings():
         MultiHeadAttention.from_torch(mha)
     with pytest.raises(ValueError, match="kdim == vdim == embed_dim"):
         MultiHeadAttention.from_torch(nn.MultiheadAttention(12, 3, kdim=6, vdim=6))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    S=st.integers(1, 6),
+    n_pad=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+    garbage=st.sampled_from([0.0, 1e4, math.nan, math.inf]),
+)
+def test_property_padding_keys_change_nothing(S, n_pad, seed, garbage):
+    """Appending masked padding keys (even NaN or inf ones) leaves every output unchanged."""
+    mha = _module()
+    g = torch.Generator().manual_seed(seed)
+    x_q = torch.randn(1, 3, 12, generator=g, dtype=torch.float64)
+    x_kv = torch.randn(1, S, 12, generator=g, dtype=torch.float64)
+    padded = torch.cat([x_kv, torch.full((1, n_pad, 12), garbage, dtype=torch.float64)], dim=1)
+    keep = padding_mask([S], S + n_pad)  # (1, 1, 1, S + n_pad)
+    out, weights = mha(x_q, padded, keep, return_weights=True)
+    expected_out, expected_weights = _per_head_loop(mha, x_q, x_kv)
+    torch.testing.assert_close(out, expected_out, rtol=0, atol=1e-12)
+    torch.testing.assert_close(weights[..., :S], expected_weights, rtol=0, atol=1e-12)
+    assert torch.all(weights[..., S:] == 0)
