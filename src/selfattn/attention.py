@@ -63,6 +63,23 @@ def _finite_keys_values(k, v, keep):
     return k, v
 
 
+def _read_values(weights: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """``weights @ v``, except that a non-finite value reaches only the rows that may see it.
+
+    In IEEE arithmetic 0 * NaN = NaN, so a NaN stored at position j would spread to every row,
+    even to queries that must not see j (e.g. a future position under a causal mask). When v
+    holds a non-finite entry, the product is taken with those entries zeroed, and only the
+    (row, column) outputs whose visible keys include a non-finite value read the raw product.
+    """
+    context = weights @ v  # (..., T, S) @ (..., S, Dv) -> (..., T, Dv)
+    if keep is None or bool(torch.isfinite(v).all()):
+        return context
+    bad = ~torch.isfinite(v)  # (..., S, Dv)
+    clean = weights @ torch.where(bad, torch.zeros((), dtype=v.dtype, device=v.device), v)
+    reach = (keep.to(v.dtype) @ bad.to(v.dtype)) > 0  # (..., T, S) @ (..., S, Dv): may row i see a bad value?
+    return torch.where(reach, context, clean)
+
+
 def scaled_dot_product_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -136,7 +153,7 @@ def scaled_dot_product_attention(
     weights = masked_softmax(scores, mask)  # (..., T, S), rows sum to 1 (or 0 if nothing visible)
     if dropout_p > 0.0:
         weights = torch.nn.functional.dropout(weights, p=dropout_p, training=True)
-    context = weights @ v  # (..., T, S) @ (..., S, Dv) -> (..., T, Dv)
+    context = _read_values(weights, v, mask)  # (..., T, S) @ (..., S, Dv) -> (..., T, Dv)
     context = context.to(out_dtype)
     return (context, weights) if return_weights else context
 

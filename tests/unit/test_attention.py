@@ -306,12 +306,6 @@ def test_inf_at_a_key_masked_for_some_queries_reaches_only_the_query_that_sees_i
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limitation, reported to the lead: a NaN value at a position that is masked for "
-    "some queries but visible to others reaches every row through 0 * NaN in weights @ v "
-    "(only positions invisible to every query are cleaned; the NumPy reference handles it)",
-)
 def test_nan_value_at_a_position_masked_for_some_queries_does_not_reach_them(gen):
     q, k, v = _qkv(gen, B=1, H=1, T=4, S=4)
     keep = causal_mask(4)
