@@ -42,8 +42,16 @@ def test_lookup_accepts_reference_solutions(solution):
         (lambda ids, table: F.one_hot(ids + 1, table.shape[0]).float() @ table, "Off by one"),
         (lambda ids, table: table[ids].flip(0), "row t is not table[ids[t]]"),
     ],
-    ids=["int_one_hot", "no_num_classes", "float_ids", "transposed", "one_hot_only", "minus_one",
-         "plus_one", "rows_reordered"],
+    ids=[
+        "int_one_hot",
+        "no_num_classes",
+        "float_ids",
+        "transposed",
+        "one_hot_only",
+        "minus_one",
+        "plus_one",
+        "rows_reordered",
+    ],
 )
 def test_lookup_explains_typical_mistakes(wrong, words):
     fb = ch01.check_one_hot_lookup(wrong)

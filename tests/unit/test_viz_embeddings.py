@@ -65,7 +65,9 @@ def test_cosine_matrix_refuses_zero_rows_and_vectors():
 def test_nearest_tokens_matches_brute_force(rng):
     table = rng.normal(size=(50, 6)) * rng.uniform(0.1, 3.0, size=(50, 1))
     query = 7
-    ids, cosines = nearest_tokens(torch.from_numpy(table), torch.from_numpy(table[query]), k=5, exclude=[query])
+    ids, cosines = nearest_tokens(
+        torch.from_numpy(table), torch.from_numpy(table[query]), k=5, exclude=[query]
+    )
     cos = table @ table[query] / (np.linalg.norm(table, axis=1) * np.linalg.norm(table[query]))
     cos[query] = -np.inf
     expected = np.argsort(-cos)[:5]
@@ -109,7 +111,10 @@ def test_cosine_by_layer_figure_plots_the_values():
 
 
 def test_nearest_tokens_figure_buttons_switch_words():
-    neighbours = {"bank": (["banks", "banking"], [0.78, 0.66]), "river": (["rivers", "creek"], [0.74, 0.49])}
+    neighbours = {
+        "bank": (["banks", "banking"], [0.78, 0.66]),
+        "river": (["rivers", "creek"], [0.74, 0.49]),
+    }
     fig = nearest_tokens_figure(neighbours)
     assert len(fig.data) == 2 and fig.data[0].visible and not fig.data[1].visible
     assert list(fig.data[1].y) == ["creek", "rivers"]  # best at the top of a horizontal bar chart
