@@ -1,0 +1,146 @@
+"""Checks for the exercises of chapter 07 (the Transformer block).
+
+Expected values come from NumPy (``selfattn.ref.layer_norm``, ``selfattn.ref.post_norm_block``);
+typical mistakes are recognised by computing them too and naming the one the answer matches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import ref
+from . import call_learner, checker, compare_arrays, failed, passed, to_numpy
+
+__all__ = ["check_layer_norm", "check_post_norm_block"]
+
+_EPS = 0.1  # large enough that where eps goes changes the result visibly
+
+
+def _layer_norm_inputs():
+    rng = np.random.default_rng(7)
+    B, T, D = 2, 4, 6
+    scales = np.array([0.05, 0.3, 1.0, 3.0])[None, :, None]  # some rows with variance far below eps
+    x = rng.normal(size=(B, T, D)) * scales + rng.normal(size=(B, T, 1))
+    gamma, beta = rng.uniform(0.5, 1.5, size=D), rng.normal(size=D) * 0.5
+    return x, gamma, beta
+
+
+def _layer_norm_variant(x, gamma, beta, *, axis=-1, ddof=0, eps_inside=True, affine=True):
+    mean = x.mean(axis=axis, keepdims=True)
+    std = x.std(axis=axis, ddof=ddof, keepdims=True)
+    normed = (x - mean) / (np.sqrt(std**2 + _EPS) if eps_inside else std + _EPS)
+    return gamma * normed + beta if affine else normed
+
+
+@checker("7.1 layer normalization")
+def check_layer_norm(fn):
+    """``fn(x, gamma, beta, eps)`` for a float64 tensor x (B, T, D) and gamma, beta (D,): each
+    position's vector normalised over its D features, ``gamma * (x - mean) / sqrt(var + eps) + beta``
+    with the biased variance (divide by D)."""
+    ex = "7.1 layer normalization"
+    x, gamma, beta = _layer_norm_inputs()
+    args = (
+        torch.from_numpy(x.copy()),
+        torch.from_numpy(gamma.copy()),
+        torch.from_numpy(beta.copy()),
+    )
+    got = to_numpy(call_learner(ex, fn, *args, _EPS))
+    expected = ref.layer_norm(x, gamma, beta, eps=_EPS)
+    if got is not None and got.shape == expected.shape and np.isfinite(got).all():
+        mistakes = [
+            ({"axis": -2}, "You normalised over the positions (axis -2); layer norm normalises each position's "
+                           "vector over its D features (the last axis)."),
+            ({"axis": (-2, -1)}, "You normalised over positions and features together; layer norm uses each "
+                                 "position's D features only (the last axis)."),
+            ({"ddof": 1}, "You used the unbiased variance (divide by D - 1); layer norm divides by D "
+                          "(torch.var(..., unbiased=False), or correction=0)."),
+            ({"eps_inside": False}, "eps is in the wrong place: divide by sqrt(var + eps), not by std + eps."),
+            ({"affine": False}, "The result is normalised but not scaled and shifted: multiply by gamma and add beta."),
+        ]  # fmt: skip
+        for kwargs, words in mistakes:
+            if np.allclose(got, _layer_norm_variant(x, gamma, beta, **kwargs), atol=1e-9):
+                return failed(ex, words)
+    bad = compare_arrays(ex, got, expected, what="layer_norm(x, gamma, beta, eps)", atol=1e-9)
+    if bad:
+        return bad
+    return passed(
+        ex,
+        "Mean and biased variance over the last axis, eps inside the square root, then gamma and beta.",
+    )
+
+
+def _block_parts(seed: int = 7):
+    """A small block's parameters (NumPy) and its four sublayers as callables on torch tensors."""
+    rng = np.random.default_rng(seed)
+    D, F, H = 8, 16, 2
+    p = {name: rng.normal(size=(D, D)) / np.sqrt(D) for name in ("W_Q", "W_K", "W_V", "W_O")}
+    p.update(
+        {
+            name: rng.normal(size=D) * 0.1
+            for name in ("b_Q", "b_K", "b_V", "b_O", "ln1_beta", "ln2_beta", "b_2")
+        }
+    )
+    p.update(ln1_gamma=rng.uniform(0.5, 1.5, D), ln2_gamma=rng.uniform(0.5, 1.5, D))
+    p.update(
+        W_1=rng.normal(size=(D, F)) / np.sqrt(D),
+        b_1=rng.normal(size=F) * 0.1,
+        W_2=rng.normal(size=(F, D)) / np.sqrt(F),
+    )
+    eps = 1e-5
+
+    def torch_fn(numpy_fn):
+        return lambda x: torch.from_numpy(numpy_fn(to_numpy(x)))
+
+    attn = torch_fn(
+        lambda x: ref.multi_head_attention(
+            x,
+            x,
+            p["W_Q"],
+            p["W_K"],
+            p["W_V"],
+            p["W_O"],
+            H,
+            b_Q=p["b_Q"],
+            b_K=p["b_K"],
+            b_V=p["b_V"],
+            b_O=p["b_O"],
+        )
+    )
+    ffn = torch_fn(lambda x: ref.feed_forward(x, p["W_1"], p["b_1"], p["W_2"], p["b_2"]))
+    ln1 = torch_fn(lambda x: ref.layer_norm(x, p["ln1_gamma"], p["ln1_beta"], eps))
+    ln2 = torch_fn(lambda x: ref.layer_norm(x, p["ln2_gamma"], p["ln2_beta"], eps))
+    x = rng.normal(size=(2, 5, D))
+    return x, p, H, eps, (attn, ffn, ln1, ln2)  # fmt: skip
+
+
+@checker("7.2 post-norm block")
+def check_post_norm_block(fn):
+    """``fn(x, attn, ffn, ln1, ln2)`` must compose the four sublayers (callables (B, T, D) -> (B, T, D)
+    on torch tensors) as BERT's post-norm block: ``h = ln1(x + attn(x))``, ``out = ln2(h + ffn(h))``."""
+    ex = "7.2 post-norm block"
+    x, p, H, eps, parts = _block_parts()
+    attn, ffn, ln1, ln2 = parts
+    got = to_numpy(call_learner(ex, fn, torch.from_numpy(x.copy()), *parts))
+    expected = ref.post_norm_block(x, p, H, eps=eps)
+    if got is not None and got.shape == expected.shape and np.isfinite(got).all():
+        X = torch.from_numpy(x)
+        no_res = ln2(ffn(ln1(attn(X))))
+        h_after = X + ln1(attn(X))
+        mistakes = [
+            (ref.pre_norm_block(x, p, H, eps=eps), "This is the pre-norm block (normalise, then add); BERT's block is "
+                                                   "post-norm: add the branch to x first, then normalise the sum."),
+            (to_numpy(no_res), "The residual connections are missing: each sublayer's output must be added to its "
+                               "input (x + attn(x), h + ffn(h)) before the layer norm."),
+            (to_numpy(h_after + ln2(ffn(h_after))), "You normalised the branch output and then added it; in the "
+                                                    "post-norm block the sum x + attn(x) is what gets normalised."),
+            (to_numpy(ln1(X + attn(X))), "You stopped after the attention sublayer: the feed-forward sublayer "
+                                         "h -> ln2(h + ffn(h)) is missing."),
+        ]  # fmt: skip
+        for wrong, words in mistakes:
+            if np.allclose(got, wrong, atol=1e-9):
+                return failed(ex, words)
+    bad = compare_arrays(ex, got, expected, what="the block's output", atol=1e-9)
+    if bad:
+        return bad
+    return passed(ex, "h = ln1(x + attn(x)); out = ln2(h + ffn(h)): add, then normalise, twice.")
