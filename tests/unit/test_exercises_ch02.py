@@ -83,3 +83,13 @@ def test_scaled_scores_catches_no_scaling_and_no_square_root():
 def test_scaled_scores_catches_transposed_scores():
     fb = ch02.check_scaled_scores(lambda Q, K, d_model: K @ Q.T / math.sqrt(Q.shape[-1]))
     assert not fb.ok and "one row per key" in fb.message
+
+
+def test_stable_softmax_rejects_wrong_values():
+    fb = ch02.check_stable_softmax(lambda x: stable_softmax(x)[..., ::-1])  # rows sum to one, values misplaced
+    assert not fb.ok and "wrong values" in fb.message
+
+
+def test_scaled_scores_rejects_wrong_values():
+    fb = ch02.check_scaled_scores(lambda Q, K, d_model: Q @ K.T / 3.0)
+    assert not fb.ok and "wrong values" in fb.message

@@ -46,7 +46,7 @@ def check_stable_softmax(fn):
         if (arr < 0).any():
             return failed(ex, "Some weights are negative; exp makes every weight positive.")
     bad = compare_arrays(ex, got, ref.softmax(x), what="softmax([[...]])")
-    if bad:
+    if bad is not None:
         return bad
     x_big = np.array([[1000.0, 999.0, 998.0], [-1000.0, 0.0, 1000.0], [-2000.0, -2001.0, -2002.0]])
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
@@ -62,12 +62,12 @@ def check_stable_softmax(fn):
                           "so exp underflows to 0 in that row and 0 / 0 = NaN. Subtract each row's own maximum "
                           "(x.max(axis=-1, keepdims=True)).")
     bad = compare_arrays(ex, got, ref.softmax(x_big), what="softmax of large scores")
-    if bad:
+    if bad is not None:
         return bad
     x3 = rng.normal(size=(2, 3, 4)) * 50
     with np.errstate(over="ignore", invalid="ignore"):
         bad = compare_arrays(ex, call_learner(ex, fn, x3.copy()), ref.softmax(x3), what="softmax of a (2, 3, 4) array")
-    if bad:
+    if bad is not None:
         return failed(ex, bad.message + " Take the maximum and the sum over the last axis with keepdims=True, so "
                                         "it works for any number of leading axes.")
     return passed(ex, "exp(x - max) / sum(exp(x - max)) over the last axis: finite for any finite scores.")
@@ -106,6 +106,6 @@ def check_scaled_scores(fn):
         if np.allclose(arr, candidate, atol=1e-9):
             return failed(ex, message)
     bad = compare_arrays(ex, got, raw / math.sqrt(d_head), what="The scores")
-    if bad:
+    if bad is not None:
         return bad
     return passed(ex, "Q @ K.T / sqrt(Q.shape[-1]): the head's width, whatever the model's.")
