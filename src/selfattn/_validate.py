@@ -99,6 +99,8 @@ def require_bool_mask(name: str, mask) -> None:
 
 
 def require_scale(scale) -> None:
+    if isinstance(scale, bool) or (scale is not None and not isinstance(scale, (int, float, np.number))):
+        raise TypeError(f"scale must be a number or None; got {scale!r} ({type(scale).__name__})")
     if scale is not None and not (np.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a finite number > 0 or None (meaning 1/sqrt(d_head)); got {scale!r}")
 

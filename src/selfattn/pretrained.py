@@ -125,7 +125,9 @@ class MiniLM:
         # The shipped tokenizer pads every input to 128 tokens; pad to the batch's longest instead.
         self.tokenizer.enable_padding(pad_id=self.config.pad_token_id, pad_token="[PAD]")
         self.tokenizer.enable_truncation(max_length=self.config.max_positions)
-        self.state_dict = {k: v.float() for k, v in load_file(str(path / "model.safetensors")).items()}
+        tensors = load_file(str(path / "model.safetensors"))
+        # Weights as float32; integer buffers (position_ids) keep their dtype.
+        self.state_dict = {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
 
     @property
     def embedding_table(self) -> torch.Tensor:

@@ -77,7 +77,7 @@ def test_config_validated():
 
 def test_weights_are_float32_with_bert_names(minilm):
     sd = minilm.state_dict
-    assert all(t.dtype == torch.float32 for t in sd.values())
+    assert all(t.dtype == torch.float32 for name, t in sd.items() if name != "embeddings.position_ids")
     for layer in range(6):
         assert sd[f"encoder.layer.{layer}.attention.self.query.weight"].shape == (384, 384)
         assert sd[f"encoder.layer.{layer}.intermediate.dense.weight"].shape == (1536, 384)
@@ -155,3 +155,9 @@ def test_bad_sentences_raise(minilm):
         minilm.tokenize(3)
     with pytest.raises(TypeError, match=r"sentences must be a str or a list of str; got list"):
         minilm.tokenize(["ok", 3])
+
+
+def test_integer_buffers_keep_their_dtype(minilm):
+    # Regression: every tensor used to be cast to float32, position_ids included.
+    assert minilm.state_dict["embeddings.position_ids"].dtype == torch.int64
+    assert minilm.state_dict["embeddings.word_embeddings.weight"].dtype == torch.float32

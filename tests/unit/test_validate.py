@@ -127,3 +127,10 @@ def test_require_scale_accepts_none_and_positive():
 def test_require_probability_refuses_out_of_range(p):
     with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\); got"):
         V.require_probability("dropout_p", p)
+
+
+@pytest.mark.parametrize("bad", [True, "0.5", [1.0]])
+def test_scale_must_be_a_number(bad):
+    # Regression: True was accepted as a scale of 1.
+    with pytest.raises(TypeError, match="scale must be a number"):
+        V.require_scale(bad)
