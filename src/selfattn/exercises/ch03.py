@@ -1,0 +1,104 @@
+"""Checks for the exercises of chapter 03 (queries, keys and values)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import ref
+from . import call_learner, checker, compare_arrays, failed, passed, to_numpy
+
+__all__ = ["check_attention", "check_weighted_sum"]
+
+
+@checker("3.1 attention from Q, K, V")
+def check_attention(fn):
+    """``fn(Q, K, V)`` with Q (T, Dh), K (S, Dh), V (S, Dv) NumPy arrays must return the context
+    ``softmax(Q K^T / sqrt(Dh)) V`` of shape (T, Dv), softmax over the keys (the last axis)."""
+    ex = "3.1 attention from Q, K, V"
+    rng = np.random.default_rng(31)
+    # Square first (T = S = Dh = Dv = 4), so the usual slips run without a shape error and can be named.
+    n = 4
+    Q, K, V = (rng.normal(size=(n, n)) * 2 for _ in range(3))
+    got = call_learner(ex, fn, Q.copy(), K.copy(), V.copy())
+    arr = to_numpy(got)
+    if arr is None:
+        return failed(ex, f"Return an array; got {type(got).__name__}.")
+    if arr.shape == (n, n) and np.isfinite(arr).all():
+        scale = 1 / math.sqrt(n)
+        raw = Q @ K.T  # (T, Dh) @ (Dh, S) -> (T, S)
+        wrong = [
+            (ref.softmax(raw * scale, axis=0) @ V,
+             "You took the softmax over the queries (axis 0): each query's weights must sum to one over the keys, "
+             "so normalise over the last axis."),
+            (ref.softmax(raw) @ V, "You forgot the scaling: divide the scores by sqrt(d_head) before the softmax."),
+            (ref.softmax(raw / n) @ V, "You divided the scores by d_head; divide by its square root, sqrt(d_head)."),
+            (ref.softmax(raw * scale) @ V.T,
+             "You multiplied the weights by V transposed: the context is weights @ V, (T, S) @ (S, Dv)."),
+            (ref.softmax((K @ Q.T) * scale) @ V,
+             "Your score matrix is K Q^T (one row per key); the scores are Q K^T, one row per query."),
+            (raw * scale @ V, "You skipped the softmax: the scores must become weights before they mix the values."),
+        ]
+        for candidate, message in wrong:
+            if np.allclose(arr, candidate, atol=1e-9):
+                return failed(ex, message)
+    bad = compare_arrays(ex, got, ref.scaled_dot_product_attention(Q, K, V), what="The context")
+    if bad is not None:
+        return bad
+    T, S, Dh, Dv = 3, 5, 8, 2  # then a non-square case: every axis has its own length
+    Q, K, V = rng.normal(size=(T, Dh)), rng.normal(size=(S, Dh)), rng.normal(size=(S, Dv))
+    got = call_learner(ex, fn, Q.copy(), K.copy(), V.copy())
+    bad = compare_arrays(ex, got, ref.scaled_dot_product_attention(Q, K, V),
+                         what=f"For T={T}, S={S}, d_head={Dh}, Dv={Dv} the context (T, Dv)")
+    if bad is not None:
+        return bad
+    # scores of about +-1800 (exp overflows above ~709), and a row whose scores are all far below 0
+    q_big = np.array([[30.0] * 4, [-30.0] * 4])
+    k_big = np.array([[30.0] * 4, [29.0] * 4, [28.0] * 4])
+    big = q_big, k_big, rng.normal(size=(3, 2))
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = call_learner(ex, fn, *(a.copy() for a in big))
+    bad = compare_arrays(ex, got, ref.scaled_dot_product_attention(*big), what="With scores in the thousands, the context")
+    if bad is not None:
+        return failed(ex, bad.message + " Use a stable softmax (subtract each row's maximum), e.g. selfattn.ref.softmax.")
+    return passed(ex, "softmax(Q @ K.T / sqrt(d_head), axis=-1) @ V: one weighted sum of value rows per query.")
+
+
+@checker("3.2 the weighted sum of values")
+def check_weighted_sum(fn):
+    """``fn(w, V)`` with one query's weights w (S,) and the values V (S, Dv) must return the (Dv,)
+    vector ``sum_j w[j] * V[j]``, built as a sum of scaled value rows."""
+    ex = "3.2 the weighted sum of values"
+    rng = np.random.default_rng(32)
+    S = Dv = 4  # square, so summing over the wrong axis runs and can be named
+    w = ref.softmax(rng.normal(size=S) * 2)
+    V = rng.normal(size=(S, Dv))
+    got = call_learner(ex, fn, w.copy(), V.copy())
+    arr = to_numpy(got)
+    if arr is None:
+        return failed(ex, f"Return an array; got {type(got).__name__}.")
+    if arr.shape == (S, Dv):
+        return failed(ex, f"You returned shape (S, Dv) = {arr.shape}: the scaled rows w[j] * V[j]. Now add them "
+                          "up over the positions j (axis 0) to get one vector of length Dv.")
+    if arr.shape == (Dv,) and np.isfinite(arr).all():
+        wrong = [
+            (V @ w, "You summed over the value features instead of over the positions: that is V @ w; the "
+                    "weighted sum is w @ V = sum_j w[j] * V[j]."),
+            (V.mean(axis=0), "You averaged the value rows without the weights: scale row j by w[j] first."),
+            (V.sum(axis=0), "You added the value rows without the weights: scale row j by w[j] first."),
+        ]
+        for candidate, message in wrong:
+            if np.allclose(arr, candidate, atol=1e-9):
+                return failed(ex, message)
+    bad = compare_arrays(ex, got, w @ V, what="The weighted sum")
+    if bad is not None:
+        return bad
+    S, Dv = 6, 3
+    w, V = ref.softmax(rng.normal(size=S)), rng.normal(size=(S, Dv))
+    bad = compare_arrays(ex, call_learner(ex, fn, w.copy(), V.copy()), w @ V,
+                         what=f"For S={S} positions and Dv={Dv} the weighted sum (Dv,)")
+    if bad is not None:
+        return bad
+    return passed(ex, "sum_j w[j] * V[j] = w @ V: the output is a mixture of the value rows, with the weights "
+                      "as mixing proportions.")

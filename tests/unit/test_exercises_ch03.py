@@ -1,0 +1,84 @@
+"""Chapter 03's checks accept the reference solutions and explain typical mistakes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from selfattn import ref
+from selfattn.exercises import ch03
+
+
+def attention(Q, K, V):
+    scores = Q @ K.T / math.sqrt(Q.shape[-1])
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)) @ V
+
+
+def test_attention_accepts_the_solution_and_the_reference():
+    assert ch03.check_attention(attention)
+    assert ch03.check_attention(ref.scaled_dot_product_attention)
+
+
+def test_attention_catches_softmax_over_queries():
+    fb = ch03.check_attention(lambda Q, K, V: ref.softmax(Q @ K.T / math.sqrt(Q.shape[-1]), axis=0) @ V)
+    assert not fb.ok and "softmax over the queries" in fb.message
+
+
+def test_attention_catches_missing_scaling():
+    fb = ch03.check_attention(lambda Q, K, V: ref.softmax(Q @ K.T) @ V)
+    assert not fb.ok and "forgot the scaling" in fb.message
+
+
+def test_attention_catches_transposed_values():
+    fb = ch03.check_attention(lambda Q, K, V: ref.softmax(Q @ K.T / math.sqrt(Q.shape[-1])) @ V.T)
+    assert not fb.ok and "V transposed" in fb.message
+
+
+def test_attention_catches_an_unstable_softmax():
+    def naive(Q, K, V):
+        e = np.exp(Q @ K.T / math.sqrt(Q.shape[-1]))
+        return (e / e.sum(axis=-1, keepdims=True)) @ V
+
+    fb = ch03.check_attention(naive)
+    assert not fb.ok and "stable softmax" in fb.message
+
+
+def test_attention_not_attempted():
+    def stub(Q, K, V):
+        raise NotImplementedError
+
+    fb = ch03.check_attention(stub)
+    assert not fb.ok and not fb.attempted
+
+
+def weighted_sum(w, V):
+    out = np.zeros(V.shape[1])
+    for j in range(V.shape[0]):
+        out = out + w[j] * V[j]
+    return out
+
+
+def test_weighted_sum_accepts_the_solution():
+    assert ch03.check_weighted_sum(weighted_sum)
+    assert ch03.check_weighted_sum(lambda w, V: w @ V)
+
+
+def test_weighted_sum_catches_the_wrong_axis():
+    fb = ch03.check_weighted_sum(lambda w, V: V @ w)
+    assert not fb.ok and "summed over the value features instead of over the positions" in fb.message
+
+
+def test_weighted_sum_catches_unweighted_mean_and_unsummed_rows():
+    fb = ch03.check_weighted_sum(lambda w, V: V.mean(axis=0))
+    assert not fb.ok and "without the weights" in fb.message
+    fb = ch03.check_weighted_sum(lambda w, V: w[:, None] * V)
+    assert not fb.ok and "add them up" in fb.message
+
+
+def test_checks_reject_wrong_values():
+    fb = ch03.check_attention(lambda Q, K, V: attention(Q, K, V) + 0.1)
+    assert not fb.ok and "wrong values" in fb.message
+    fb = ch03.check_weighted_sum(lambda w, V: w @ V + 0.1)
+    assert not fb.ok and "wrong values" in fb.message
