@@ -1,0 +1,179 @@
+"""Claims of chapter 07 (the Transformer block), each checked against an independent oracle.
+
+Claim 14: the full block is residual connections, normalization and a feed-forward network around
+attention. The chapter's specific statements: the block structure (against the NumPy reference),
+silent branches make a pre-norm block the identity, the FFN is position-wise, permutation
+equivariance without positions and its loss with BERT's position embeddings, the size of the
+residual stream by depth, the real model reproduced layer by layer (the full parity suite is
+tests/parity/test_parity_minilm.py), and what the real layers write into the stream.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import selfattn
+from selfattn import ref
+from selfattn.viz.block import branch_measures, stream_through
+
+SENTENCES = [
+    "The chef added salt because the soup tasted bland.",
+    "The animal didn't cross the street because it was too tired.",
+    "She sat on the river bank and watched the boats.",
+]
+CONFIG = selfattn.BlockConfig(d_model=16, n_heads=4, d_ff=64)
+
+
+def _params(block) -> dict[str, np.ndarray]:
+    a, f = block.attn, block.ffn
+    p = {
+        "W_Q": a.W_Q, "W_K": a.W_K, "W_V": a.W_V, "W_O": a.W_O, "b_Q": a.b_Q, "b_K": a.b_K, "b_V": a.b_V,
+        "b_O": a.b_O, "ln1_gamma": block.ln1.weight, "ln1_beta": block.ln1.bias, "ln2_gamma": block.ln2.weight,
+        "ln2_beta": block.ln2.bias, "W_1": f.linear1.weight.T, "b_1": f.linear1.bias, "W_2": f.linear2.weight.T,
+        "b_2": f.linear2.bias,
+    }  # fmt: skip
+    return {k: v.detach().double().numpy() for k, v in p.items()}
+
+
+def _random_blocks(seed=0):
+    torch.manual_seed(seed)
+    pre = selfattn.TransformerBlock(CONFIG).double().eval()
+    with torch.no_grad():
+        for p in pre.parameters():
+            if p.ndim == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    post = selfattn.PostNormTransformerBlock(CONFIG).double().eval()
+    post.load_state_dict(pre.state_dict())
+    return pre, post
+
+
+def test_claim_14_blocks_are_residual_norm_and_ffn_around_attention(rng):
+    pre, post = _random_blocks()
+    x = rng.normal(size=(2, 5, 16))
+    with torch.no_grad():
+        got_pre, got_post = pre(torch.from_numpy(x)).numpy(), post(torch.from_numpy(x)).numpy()
+    p = _params(pre)
+    np.testing.assert_allclose(got_pre, ref.pre_norm_block(x, p, 4, eps=1e-5), atol=1e-12, rtol=0)
+    np.testing.assert_allclose(got_post, ref.post_norm_block(x, p, 4, eps=1e-5), atol=1e-12, rtol=0)
+
+
+def test_claim_14_real_post_norm_layer_matches_the_reference(minilm):
+    run = minilm.run(SENTENCES[0], output_weights=False)
+    block0 = minilm.encoder().blocks[0]
+    expected = ref.post_norm_block(
+        run.hidden_states[0].double().numpy(), _params(block0), 12, eps=minilm.config.layer_norm_eps
+    )
+    np.testing.assert_allclose(run.hidden_states[1].numpy(), expected, atol=1e-4, rtol=0)
+
+
+def test_claim_14_silent_branches_make_pre_norm_the_identity(rng):
+    pre, post = _random_blocks()
+    with torch.no_grad():
+        for b in (pre, post):
+            (
+                b.attn.W_O.zero_(),
+                b.attn.b_O.zero_(),
+                b.ffn.linear2.weight.zero_(),
+                b.ffn.linear2.bias.zero_(),
+            )
+        x = torch.from_numpy(rng.normal(size=(2, 5, 16)))
+        torch.testing.assert_close(pre(x), x, atol=0, rtol=0)
+        p = _params(post)
+        expected = ref.layer_norm(
+            ref.layer_norm(x.numpy(), p["ln1_gamma"], p["ln1_beta"]), p["ln2_gamma"], p["ln2_beta"]
+        )
+        np.testing.assert_allclose(post(x).numpy(), expected, atol=1e-12, rtol=0)
+
+
+def test_claim_14_ffn_is_position_wise(rng):
+    ffn = selfattn.FeedForward(16, 64).double()
+    x = torch.from_numpy(rng.normal(size=(2, 5, 16)))
+    x2 = x.clone()
+    x2[:, 2] += 1.0
+    with torch.no_grad():
+        change = (ffn(x2) - ffn(x)).abs().amax(dim=(0, 2))  # (T,)
+    assert change[2] > 0.01
+    torch.testing.assert_close(
+        change[[0, 1, 3, 4]], torch.zeros(4, dtype=torch.float64), atol=0, rtol=0
+    )
+
+
+def test_claim_14_attention_without_positions_is_permutation_equivariant(rng, minilm):
+    pre, post = _random_blocks()
+    x = torch.from_numpy(rng.normal(size=(2, 7, 16)))
+    perm = torch.from_numpy(rng.permutation(7))
+    with torch.no_grad():
+        for module in (pre, post, pre.attn):
+            torch.testing.assert_close(module(x[:, perm]), module(x)[:, perm], atol=1e-12, rtol=0)
+        batch = minilm.tokenize(SENTENCES[0])
+        x_tok = minilm.token_embeddings(batch.input_ids)  # (1, T, D), no positions
+        perm = torch.from_numpy(rng.permutation(x_tok.shape[1]))
+        block0 = minilm.encoder().blocks[0]
+        torch.testing.assert_close(
+            block0(x_tok[:, perm]), block0(x_tok)[:, perm], atol=1e-4, rtol=0
+        )
+
+
+def test_claim_14_position_embeddings_break_the_symmetry(minilm):
+    encoder = minilm.encoder()
+    batch = minilm.tokenize(SENTENCES[0])
+    perm = torch.randperm(batch.input_ids.shape[1], generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = encoder(batch.input_ids).last_hidden_state
+        out_shuffled = encoder(batch.input_ids[:, perm]).last_hidden_state
+    rel = (out_shuffled - out[:, perm]).norm(dim=-1) / out[:, perm].norm(dim=-1)
+    assert torch.isfinite(rel).all() and rel.min() > 0.1
+
+
+def test_claim_14_pre_norm_stream_grows_post_norm_stays():
+    config = selfattn.BlockConfig(d_model=64, n_heads=4, d_ff=256)
+    x = torch.randn(4, 16, 64, generator=torch.Generator().manual_seed(0))
+    rms = {}
+    for name, cls in (
+        ("pre", selfattn.TransformerBlock),
+        ("post", selfattn.PostNormTransformerBlock),
+    ):
+        torch.manual_seed(0)
+        stack = stream_through([cls(config).eval() for _ in range(24)], x)
+        rms[name] = np.array([np.sqrt(np.mean(s**2)) for s in stack])
+    assert np.all(np.isfinite(rms["pre"])) and np.all(np.diff(rms["pre"]) > 0)
+    assert 4.0 < rms["pre"][-1] / rms["pre"][0] < 5.5  # the chapter: about 4.5 times
+    np.testing.assert_allclose(rms["post"][1:], 1.0, atol=1e-3)
+
+
+def test_claim_14_encoder_reproduces_transformers_on_the_chapter_sentences(minilm):
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    transformers = pytest.importorskip("transformers")
+    reference = transformers.BertModel.from_pretrained(
+        str(selfattn.pretrained.model_dir()), attn_implementation="eager", local_files_only=True
+    ).eval()
+    ours = minilm.run(SENTENCES, output_weights=True)
+    with torch.no_grad():
+        theirs = reference(input_ids=ours.batch.input_ids, attention_mask=ours.batch.attention_mask,
+                           output_hidden_states=True, output_attentions=True)  # fmt: skip
+    real = ours.batch.attention_mask.bool()
+    assert len(ours.hidden_states) == len(theirs.hidden_states) == 7
+    for a, b in zip(ours.hidden_states, theirs.hidden_states, strict=True):
+        torch.testing.assert_close(a[real], b[real], atol=1e-5, rtol=0)  # the chapter: about 5e-6
+    for a, b in zip(ours.weights, theirs.attentions, strict=True):
+        torch.testing.assert_close(
+            a.transpose(1, 2)[real], b.transpose(1, 2)[real], atol=1e-5, rtol=0
+        )
+
+
+def test_claim_14_real_layers_edit_the_stream(minilm):
+    encoder = minilm.encoder()
+    means = []
+    for sentence in SENTENCES:
+        run = minilm.run(sentence, output_weights=False)
+        m = branch_measures(encoder.blocks, run.hidden_states)
+        means.append({k: v.mean(axis=1) for k, v in m.items()})
+    mean = {k: np.mean([m[k] for m in means], axis=0) for k in means[0]}  # (L,)
+    assert all(np.isfinite(v).all() for v in mean.values())
+    assert np.all((mean["attention / stream"] > 0.2) & (mean["attention / stream"] < 0.7))
+    assert np.all(mean["FFN / stream"] > mean["attention / stream"])
+    assert np.all(mean["cos(input, output)"][:5] > 0.8) and mean["cos(input, output)"][5] < 0.75
