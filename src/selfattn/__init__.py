@@ -4,7 +4,7 @@
 use and that runs on a GPU when one is present (``selfattn.device.pick_device``).
 """
 
-from . import device, masks, ref
+from . import device, efficient, masks, ref
 from .attention import AttentionConfig, SelfAttention, masked_softmax, scaled_dot_product_attention
 from .block import BlockConfig, FeedForward, PostNormTransformerBlock, TransformerBlock
 from .masks import causal_mask, from_blocked_mask, from_hf_attention_mask, padding_mask
@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ref",
     "device",
+    "efficient",
     "masks",
     "scaled_dot_product_attention",
     "masked_softmax",

@@ -7,6 +7,7 @@ its own submodule and re-export its public names here.
 from .attention import causal_mask, scaled_dot_product_attention, softmax
 from .block import feed_forward, gelu, layer_norm, post_norm_block, pre_norm_block
 from .multihead import multi_head_attention
+from .online import logsumexp, online_attention, online_softmax
 
 __all__ = [
     "softmax",
@@ -18,4 +19,7 @@ __all__ = [
     "feed_forward",
     "post_norm_block",
     "pre_norm_block",
+    "online_softmax",
+    "online_attention",
+    "logsumexp",
 ]

@@ -1,0 +1,311 @@
+"""Exact attention in tiles with the online softmax (FlashAttention, Dao et al. 2022; Dao 2023).
+
+The (T, S) score matrix is never built: queries are cut into blocks of ``block_q`` rows and keys into
+blocks of ``block_k`` columns; each query block keeps a running maximum ``m``, a running sum ``l``
+and an accumulator, rescaled whenever a new key block raises the maximum (``selfattn.ref.online``
+holds the NumPy version). Peak extra memory is one (block_q, block_k) tile per head plus the output,
+linear in the sequence length. Tiles that a causal or sliding-window mask hides entirely are skipped.
+
+The backward pass is FlashAttention-2's (Dao 2023, Algorithm 2): it recomputes each tile's weights
+from the saved log-sum-exp instead of storing them, so training memory is linear too.
+Introduced in chapter 09.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .._validate import (
+    require_bool_mask,
+    require_broadcastable,
+    require_min_rank,
+    require_positive_int,
+    require_qkv,
+    require_scale,
+    require_tensor,
+)
+
+__all__ = ["Visibility", "tiled_attention", "pick_forward", "DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_K"]
+
+# Large enough that the Python loop costs little next to the matrix products on a CPU, small enough
+# that one (H, block_q, block_k) float32 tile (8 x 256 x 512 x 4 B = 4 MiB) stays far below the output.
+DEFAULT_BLOCK_Q = 256
+DEFAULT_BLOCK_K = 512
+_HALF = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Visibility:
+    """Which (query i, key j) pairs may attend, evaluated one tile at a time.
+
+    Attributes:
+        mask: boolean keep-mask of shape (..., T, S) (leading axes may broadcast), or None.
+        causal_offset: if not None, key j is visible to query i only if ``j <= i + causal_offset``
+            (0 for top-left alignment, ``S - T`` for bottom-right).
+        window: if not None (sliding window, T == S): with ``causal_offset`` the keys
+            ``i - window < j <= i``, without it ``|i - j| < window``.
+    """
+
+    mask: torch.Tensor | None = None
+    causal_offset: int | None = None
+    window: int | None = None
+
+    def structural(self, i0: int, i1: int, j0: int, j1: int) -> bool | None:
+        """True: every pair of the tile visible; False: none; None: it depends on the pair."""
+        first_q, last_q, first_k, last_k = i0, i1 - 1, j0, j1 - 1
+        if self.causal_offset is not None:
+            off = self.causal_offset
+            lo_all = -math.inf if self.window is None else last_q + off - self.window  # key must be > this
+            lo_any = -math.inf if self.window is None else first_q + off - self.window
+            if first_k > last_q + off or last_k <= lo_any:
+                return False
+            return True if (last_k <= first_q + off and first_k > lo_all) else None
+        if self.window is not None:  # |i - j| < window
+            if first_k - last_q >= self.window or first_q - last_k >= self.window:
+                return False
+            return True if (last_k - first_q < self.window and last_q - first_k < self.window) else None
+        return True
+
+    def tile(self, i0: int, i1: int, j0: int, j1: int, device) -> torch.Tensor | bool:
+        """The keep-mask of tile rows [i0, i1) and columns [j0, j1): a bool tensor broadcastable
+        to (..., i1 - i0, j1 - j0), or True (all visible) or False (nothing visible: skip it)."""
+        whole = self.structural(i0, i1, j0, j1)
+        if whole is False:
+            return False
+        keep = None
+        if whole is None:
+            i = torch.arange(i0, i1, device=device)[:, None]  # (bq, 1)
+            j = torch.arange(j0, j1, device=device)[None, :]  # (1, bk)
+            keep = torch.ones(i1 - i0, j1 - j0, dtype=torch.bool, device=device)
+            if self.causal_offset is not None:
+                keep &= j <= i + self.causal_offset
+                if self.window is not None:
+                    keep &= j > i + self.causal_offset - self.window
+            elif self.window is not None:
+                keep &= (i - j).abs() < self.window
+        if self.mask is not None:
+            tile_mask = self.mask[..., i0:i1, j0:j1]
+            keep = tile_mask if keep is None else keep & tile_mask
+        if keep is None:
+            return True
+        return keep if bool(keep.any()) else False
+
+
+def _zero_unseen(k_t, v_t, keep):
+    """Zero the keys and values of the tile that no query of the tile may read.
+
+    0 * NaN = NaN, so a NaN stored at a masked position would otherwise reach the output through
+    the matrix product even with weight 0 (DESIGN.md: masking is by replacement)."""
+    seen = keep.any(dim=-2)[..., None]  # (..., bq, bk) -> (..., bk, 1)
+    return torch.where(seen, k_t, 0.0), torch.where(seen, v_t, 0.0)
+
+
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Arithmetic dtype: float32 for half-precision inputs (DESIGN.md), else the input's own."""
+    return torch.float32 if dtype in _HALF else dtype
+
+
+def _tiles(n: int, block: int) -> list[tuple[int, int]]:
+    return [(start, min(start + block, n)) for start in range(0, n, block)]
+
+
+@torch.no_grad()
+def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, block_k: int,
+                        *, reverse_key_tiles: bool = False):
+    """The tiled forward pass in plain torch; returns ``(out, lse)``.
+
+    ``out`` (..., T, Dv) in the dtype of ``q``; ``lse`` (..., T) float32, ``-inf`` for a query that
+    sees no key (its output row is zero). ``reverse_key_tiles`` visits the key tiles last to first,
+    which must not change the result (tests use it). Source: Dao et al. (2022), Algorithm 1.
+    """
+    T, S, Dv = q.shape[-2], k.shape[-2], v.shape[-1]
+    work = _work_dtype(q.dtype)
+    out = torch.empty(q.shape[:-1] + (Dv,), dtype=q.dtype, device=q.device)  # (..., T, Dv)
+    lse = torch.empty(q.shape[:-1], dtype=work, device=q.device)  # (..., T)
+    key_tiles = _tiles(S, block_k)[::-1] if reverse_key_tiles else _tiles(S, block_k)
+    for i0, i1 in _tiles(T, block_q):
+        q_t = q[..., i0:i1, :].to(work) * scale  # (..., bq, Dh), float32 even for half inputs
+        m = torch.full(q_t.shape[:-1], -math.inf, dtype=work, device=q.device)  # running max (..., bq)
+        l = torch.zeros(q_t.shape[:-1], dtype=work, device=q.device)  # running sum of exp(s - m)
+        acc = torch.zeros(q_t.shape[:-1] + (Dv,), dtype=work, device=q.device)  # (..., bq, Dv)
+        for j0, j1 in key_tiles:
+            keep = vis.tile(i0, i1, j0, j1, q.device)
+            if keep is False:  # the whole tile is masked: no arithmetic at all
+                continue
+            k_t, v_t = k[..., j0:j1, :].to(work), v[..., j0:j1, :].to(work)
+            if keep is not True:
+                k_t, v_t = _zero_unseen(k_t, v_t, keep)
+            s = q_t @ k_t.transpose(-2, -1)  # (..., bq, Dh) @ (..., Dh, bk) -> (..., bq, bk)
+            if keep is not True:
+                s.masked_fill_(~keep, -math.inf)
+            m_new = torch.maximum(m, s.amax(dim=-1))
+            # A row that has seen only masked entries keeps m = -inf: shift by 0 so that
+            # exp(-inf - -inf) = NaN never happens; exp(-inf - 0) = 0 adds nothing.
+            shift = torch.where(m_new == -math.inf, 0.0, m_new)
+            p = s.sub_(shift[..., None]).exp_()  # in place: the tile is the only (bq, bk) buffer
+            correction = torch.exp(m - shift)  # (..., bq): rescales what was summed under the old max
+            l.mul_(correction).add_(p.sum(dim=-1))
+            acc.mul_(correction[..., None]).add_(p @ v_t)  # (..., bq, bk) @ (..., bk, Dv) -> (..., bq, Dv)
+            m = m_new
+        seen = l > 0
+        out[..., i0:i1, :] = torch.where(seen[..., None], acc / torch.where(seen, l, 1.0)[..., None], 0.0)
+        lse[..., i0:i1] = torch.where(seen, m + torch.log(torch.where(seen, l, 1.0)), -math.inf)
+    return out, lse
+
+
+@torch.no_grad()
+def tiled_backward_torch(q, k, v, out, lse, d_out, vis: Visibility, scale: float, block_q: int,
+                         block_k: int):
+    """Gradients of q, k, v, recomputing each tile's weights from ``lse`` (Dao 2023, Algorithm 2).
+
+    With ``P = exp(S - lse)``: ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - rowsum(dO * O))``,
+    ``dQ = dS K * scale``, ``dK = dS^T Q * scale``. A query with ``lse = -inf`` (no visible key) has
+    ``P = 0`` and so contributes zero gradients.
+    """
+    T, S = q.shape[-2], k.shape[-2]
+    work = _work_dtype(q.dtype)
+    delta = (d_out.to(work) * out.to(work)).sum(dim=-1)  # (..., T): rowsum(dO * O)
+    lse_safe = torch.where(torch.isfinite(lse), lse, math.inf).to(work)  # exp(s - inf) = 0 for empty rows
+    dq = torch.zeros(q.shape, dtype=work, device=q.device)
+    dk = torch.zeros(k.shape, dtype=work, device=q.device)
+    dv = torch.zeros(v.shape, dtype=work, device=q.device)
+    for j0, j1 in _tiles(S, block_k):
+        k_full, v_full = k[..., j0:j1, :].to(work), v[..., j0:j1, :].to(work)
+        for i0, i1 in _tiles(T, block_q):
+            keep = vis.tile(i0, i1, j0, j1, q.device)
+            if keep is False:
+                continue
+            k_t, v_t = (k_full, v_full) if keep is True else _zero_unseen(k_full, v_full, keep)
+            q_t, do_t = q[..., i0:i1, :].to(work), d_out[..., i0:i1, :].to(work)
+            s = (q_t @ k_t.transpose(-2, -1)) * scale  # (..., bq, Dh) @ (..., Dh, bk) -> (..., bq, bk)
+            if keep is not True:
+                s.masked_fill_(~keep, -math.inf)
+            p = torch.exp(s - lse_safe[..., i0:i1, None])  # the forward's weights, recomputed
+            dv[..., j0:j1, :] += p.transpose(-2, -1) @ do_t  # (..., bk, bq) @ (..., bq, Dv) -> (..., bk, Dv)
+            dp = do_t @ v_t.transpose(-2, -1)  # (..., bq, Dv) @ (..., Dv, bk) -> (..., bq, bk)
+            ds = p * (dp - delta[..., i0:i1, None])
+            dq[..., i0:i1, :] += (ds @ k_t) * scale  # (..., bq, bk) @ (..., bk, Dh) -> (..., bq, Dh)
+            dk[..., j0:j1, :] += (ds.transpose(-2, -1) @ q_t) * scale  # (..., bk, bq) @ (..., bq, Dh)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def pick_forward(q: torch.Tensor, vis: Visibility):
+    """Choose the forward kernel: the Triton kernel for CUDA tensors with causal or no masking and
+    no sliding window (when Triton is installed), else the torch loop :func:`tiled_forward_torch`.
+
+    Returns a callable with the signature of :func:`tiled_forward_torch` (without
+    ``reverse_key_tiles``)."""
+    if q.is_cuda and vis.mask is None and vis.window is None:
+        from . import triton_kernel
+
+        if triton_kernel.triton_available():
+            return triton_kernel.triton_forward
+    return tiled_forward_torch
+
+
+class _TiledAttentionFunction(torch.autograd.Function):
+    """Forward by tiles (torch loop or Triton), backward by recomputation; the weights are never
+    stored, so the memory kept for backward is q, k, v, out and lse: linear in length."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, vis, scale, block_q, block_k):
+        out, lse = pick_forward(q, vis)(q, k, v, vis, scale, block_q, block_k)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.vis, ctx.scale, ctx.blocks = vis, scale, (block_q, block_k)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, _d_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = tiled_backward_torch(q, k, v, out, lse, d_out, ctx.vis, ctx.scale, *ctx.blocks)
+        return dq, dk, dv, None, None, None, None
+
+
+def validate_attention_inputs(q, k, v, mask, scale):
+    """Shared argument checks of the tiled functions (same contract as
+    ``selfattn.scaled_dot_product_attention``); returns the scale to use."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        require_tensor(name, x)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.dtype.is_floating_point:
+        raise TypeError(f"q, k and v must be floating tensors; got dtype {q.dtype}")
+    require_qkv(q, k, v)
+    require_scale(scale)
+    if mask is not None:
+        require_tensor("mask", mask)
+        require_bool_mask("mask", mask)
+        require_min_rank("mask", mask, 2, "(..., T, S)")
+        target = tuple(q.shape[:-2]) + (q.shape[-2], k.shape[-2])
+        require_broadcastable("mask", mask, target, "(..., T, S) =")
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+def causal_offset(T: int, S: int, alignment: str | None) -> int:
+    """``0`` for top-left, ``S - T`` for bottom-right alignment (see ``selfattn.causal_mask``).
+
+    Raises:
+        ValueError: ``alignment`` unknown, or missing when ``T != S``."""
+    if alignment is not None and alignment not in ("top_left", "bottom_right"):
+        raise ValueError(f"alignment must be 'top_left', 'bottom_right' or None; got {alignment!r}")
+    if T != S and alignment is None:
+        raise ValueError(
+            f"causal attention with T={T} queries and S={S} keys needs an explicit alignment: "
+            "'top_left' (query i sees keys <= i) or 'bottom_right' (query i sees keys <= i + S - T)"
+        )
+    return S - T if alignment == "bottom_right" else 0
+
+
+def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str | None = None,
+                    scale: float | None = None, block_q: int = DEFAULT_BLOCK_Q,
+                    block_k: int = DEFAULT_BLOCK_K, return_lse: bool = False):
+    """Exact scaled dot-product attention computed tile by tile with the online softmax.
+
+    Equal (to rounding) to ``selfattn.scaled_dot_product_attention(q, k, v, keep)`` where ``keep``
+    is ``mask`` and, with ``causal=True``, ``causal_mask(T, S, alignment=alignment)``; but the
+    (T, S) score matrix is never stored: extra memory is one (block_q, block_k) tile per head plus
+    the output. On CUDA with no ``mask`` the forward pass runs the Triton kernel
+    (:mod:`selfattn.efficient.triton_kernel`); the backward pass recomputes the weights tile by
+    tile from the log-sum-exp, so training memory is linear in length too.
+
+    Args:
+        q: queries (..., T, Dh), typically (B, H, T, Dh); float32, float16 or bfloat16.
+        k: keys (..., S, Dh); v: values (..., S, Dv); same dtype as ``q``.
+        mask: optional boolean keep-mask (True = may attend) broadcastable to (..., T, S). Tiles in
+            which it is all False are skipped.
+        causal: also hide key j from query i when ``j > i`` (top-left) or ``j > i + S - T``
+            (bottom-right); tiles above the diagonal are skipped without being computed.
+        alignment: ``"top_left"`` or ``"bottom_right"``; required when ``causal`` and ``T != S``.
+        scale: score multiplier; default ``1 / sqrt(Dh)``.
+        block_q: query rows per tile (> 0; need not divide T).
+        block_k: key columns per tile (> 0; need not divide S).
+        return_lse: also return ``lse = log sum_j exp(scale * q_i . k_j)`` over the visible keys.
+
+    Returns:
+        ``out`` (..., T, Dv) in the dtype of ``q`` (scores, softmax and accumulation in float32);
+        with ``return_lse``, also ``lse`` (..., T), float32 (float64 for float64 inputs), without gradient. A query with no
+        visible key gets a zero output row, ``lse = -inf``, and zero (finite) gradients.
+
+    Raises:
+        TypeError: non-tensor or non-floating inputs, different dtypes, a non-boolean mask.
+        ValueError: mismatched shapes, a mask that does not broadcast to (..., T, S), a bad scale or
+        block size, ``alignment`` missing when causal with T != S, or given without ``causal``.
+
+    Source: chapter 09; Dao et al. (2022), FlashAttention, Algorithm 1; backward Dao (2023),
+    FlashAttention-2, Algorithm 2.
+    """
+    scale = validate_attention_inputs(q, k, v, mask, scale)
+    block_q, block_k = require_positive_int("block_q", block_q), require_positive_int("block_k", block_k)
+    if alignment is not None and not causal:
+        raise ValueError(f"alignment={alignment!r} only applies with causal=True")
+    T, S = q.shape[-2], k.shape[-2]
+    offset = causal_offset(T, S, alignment) if causal else None
+    if mask is not None:  # a view with real (T, S) axes, so that tiles can be sliced from it
+        mask = mask.expand(*mask.shape[:-2], T, S)
+    vis = Visibility(mask=mask, causal_offset=offset)
+    out, lse = _TiledAttentionFunction.apply(q, k, v, vis, scale, block_q, block_k)
+    return (out, lse) if return_lse else out

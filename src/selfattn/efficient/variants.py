@@ -1,0 +1,188 @@
+"""Approximate attention: a sliding window (sparse) and kernelized linear attention.
+
+Both change the result of exact softmax attention, by an amount chapter 08 measures (claim 18):
+the window hides every key farther than ``window`` positions; linear attention replaces
+``exp(q . k)`` by ``phi(q) . phi(k)``, which cannot be as sharp. Introduced in chapter 08.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .._validate import require_positive_int, require_qkv, require_tensor, shape_of
+from ..attention import scaled_dot_product_attention
+from .tiled import (
+    DEFAULT_BLOCK_K,
+    DEFAULT_BLOCK_Q,
+    Visibility,
+    _TiledAttentionFunction,
+    validate_attention_inputs,
+)
+
+__all__ = [
+    "sliding_window_mask",
+    "sliding_window_attention",
+    "sliding_window_tiled_attention",
+    "FEATURE_MAPS",
+    "linear_attention",
+    "linear_attention_recurrent",
+]
+
+
+def sliding_window_mask(T: int, window: int, *, causal: bool = True, device=None) -> torch.Tensor:
+    """Boolean keep-mask (T, T) of a sliding window (Child et al. 2019; Beltagy et al. 2020).
+
+    With ``causal=True`` query i sees the ``window`` most recent keys ``i - window < j <= i``
+    (itself included); with ``causal=False`` the keys with ``|i - j| < window``.
+
+    Raises:
+        TypeError / ValueError: ``T`` or ``window`` not a positive int.
+
+    Source: chapter 08.
+    """
+    T, window = require_positive_int("T", T), require_positive_int("window", window)
+    i = torch.arange(T, device=device)[:, None]  # (T, 1)
+    j = torch.arange(T, device=device)[None, :]  # (1, T)
+    if causal:
+        return (j <= i) & (j > i - window)  # (T, T)
+    return (i - j).abs() < window  # (T, T)
+
+
+def _require_self_attention(q, k, what: str) -> None:
+    if q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"{what} needs T == S (self-attention); got q {shape_of(q)} and k {shape_of(k)}")
+
+
+def sliding_window_attention(q, k, v, window: int, causal: bool = True, *, scale: float | None = None):
+    """Attention restricted to a band of width ``window``: exact attention with
+    :func:`sliding_window_mask` as the mask (it still computes, then discards, the whole T x T
+    score matrix: the band mask shows *what* is computed, :func:`sliding_window_tiled_attention`
+    shows how to save the work).
+
+    Args:
+        q, k, v: (..., T, Dh), (..., T, Dh), (..., T, Dv).
+        window: keys visible to each query on each side (see :func:`sliding_window_mask`).
+        causal: only the past (True) or both sides (False).
+
+    Returns:
+        ``context`` (..., T, Dv).
+
+    Raises:
+        ValueError: T != S, or the errors of ``selfattn.scaled_dot_product_attention``.
+
+    Source: chapter 08.
+    """
+    require_tensor("q", q)
+    require_tensor("k", k)
+    _require_self_attention(q, k, "sliding_window_attention")
+    keep = sliding_window_mask(q.shape[-2], window, causal=causal, device=q.device)
+    return scaled_dot_product_attention(q, k, v, keep, scale=scale)
+
+
+def sliding_window_tiled_attention(q, k, v, window: int, causal: bool = True, *,
+                                   scale: float | None = None, block_q: int = DEFAULT_BLOCK_Q,
+                                   block_k: int = DEFAULT_BLOCK_K):
+    """The same result as :func:`sliding_window_attention`, computed by tiles that skip every block
+    outside the band: work and memory O(T * window) instead of O(T^2).
+
+    Returns:
+        ``context`` (..., T, Dv); differentiable (recomputation backward).
+
+    Raises:
+        ValueError: T != S, bad window or block sizes, and the errors of ``tiled_attention``.
+
+    Source: chapter 08; the tiles are those of :func:`selfattn.efficient.tiled_attention`.
+    """
+    scale = validate_attention_inputs(q, k, v, None, scale)
+    _require_self_attention(q, k, "sliding_window_tiled_attention")
+    window = require_positive_int("window", window)
+    block_q, block_k = require_positive_int("block_q", block_q), require_positive_int("block_k", block_k)
+    vis = Visibility(causal_offset=0 if causal else None, window=window)
+    out, _ = _TiledAttentionFunction.apply(q, k, v, vis, scale, block_q, block_k)
+    return out
+
+
+def _elu_plus_one(x):
+    return F.elu(x) + 1.0  # positive everywhere, so phi(q) . phi(k) > 0 like exp(q . k)
+
+
+FEATURE_MAPS = {"elu+1": _elu_plus_one, "relu": F.relu}
+
+
+def _feature_map(name):
+    if callable(name):
+        return name
+    if name not in FEATURE_MAPS:
+        raise ValueError(f"feature_map must be one of {sorted(FEATURE_MAPS)} or a callable; got {name!r}")
+    return FEATURE_MAPS[name]
+
+
+def linear_attention(q, k, v, feature_map="elu+1", causal: bool = False, *, eps: float = 1e-6):
+    """Linear attention in its parallel form (Katharopoulos et al. 2020, eqs. 5-6 and 8-9).
+
+    ``out_i = phi(q_i) . sum_j phi(k_j) v_j^T / (phi(q_i) . sum_j phi(k_j))``, the sums over all
+    j (``causal=False``: O(T Dh Dv) by computing ``phi(K)^T V`` first) or over ``j <= i``
+    (``causal=True``: the masked (T, T) product, one matrix product for all positions; equal to
+    :func:`linear_attention_recurrent`). No scaling by sqrt(Dh), as in the paper.
+
+    Args:
+        q, k, v: (..., T, Dh), (..., S, Dh), (..., S, Dv); causal needs T == S.
+        feature_map: ``"elu+1"`` (the paper's), ``"relu"``, or a callable on tensors.
+        eps: added to the normalizer (a relu feature map can make it 0).
+
+    Returns:
+        ``out`` (..., T, Dv).
+
+    Raises:
+        TypeError: non-tensor inputs. ValueError: mismatched shapes, an unknown feature map,
+        causal with T != S.
+
+    Source: chapter 08.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        require_tensor(name, x)
+    require_qkv(q, k, v)
+    phi = _feature_map(feature_map)
+    phi_q, phi_k = phi(q), phi(k)  # (..., T, Dh), (..., S, Dh)
+    if causal:
+        _require_self_attention(q, k, "causal linear attention")
+        T = q.shape[-2]
+        keep = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (T, T)
+        sim = (phi_q @ phi_k.transpose(-2, -1)) * keep  # (..., T, Dh) @ (..., Dh, T) -> (..., T, T)
+        return (sim @ v) / (sim.sum(dim=-1, keepdim=True) + eps)  # (..., T, T) @ (..., T, Dv) -> (..., T, Dv)
+    kv = phi_k.transpose(-2, -1) @ v  # (..., Dh, S) @ (..., S, Dv) -> (..., Dh, Dv)
+    normalizer = phi_q @ phi_k.sum(dim=-2)[..., None]  # (..., T, Dh) @ (..., Dh, 1) -> (..., T, 1)
+    return (phi_q @ kv) / (normalizer + eps)  # (..., T, Dh) @ (..., Dh, Dv) -> (..., T, Dv)
+
+
+def linear_attention_recurrent(q, k, v, feature_map="elu+1", *, eps: float = 1e-6):
+    """Causal linear attention as a recurrent network (Katharopoulos et al. 2020, eqs. 18-20).
+
+    A state ``state_i = state_{i-1} + phi(k_i) v_i^T`` (Dh, Dv) and ``z_i = z_{i-1} + phi(k_i)``
+    are updated one position at a time; ``out_i = phi(q_i) state_i / (phi(q_i) . z_i)``. Constant
+    memory per step, but T sequential steps; equal to ``linear_attention(..., causal=True)``.
+
+    Returns:
+        ``out`` (..., T, Dv).
+
+    Raises:
+        The errors of :func:`linear_attention`.
+
+    Source: chapter 08.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        require_tensor(name, x)
+    require_qkv(q, k, v)
+    _require_self_attention(q, k, "linear_attention_recurrent")
+    phi = _feature_map(feature_map)
+    phi_q, phi_k = phi(q), phi(k)
+    state = torch.zeros(q.shape[:-2] + (q.shape[-1], v.shape[-1]), dtype=q.dtype, device=q.device)
+    z = torch.zeros(q.shape[:-2] + (q.shape[-1],), dtype=q.dtype, device=q.device)  # (..., Dh)
+    outs = []
+    for i in range(q.shape[-2]):
+        state = state + phi_k[..., i, :, None] * v[..., i, None, :]  # (..., Dh, 1) * (..., 1, Dv)
+        z = z + phi_k[..., i, :]
+        numerator = (phi_q[..., i, None, :] @ state)[..., 0, :]  # (..., 1, Dh) @ (..., Dh, Dv) -> (..., Dv)
+        outs.append(numerator / ((phi_q[..., i, :] * z).sum(dim=-1, keepdim=True) + eps))
+    return torch.stack(outs, dim=-2)  # T x (..., Dv) -> (..., T, Dv)

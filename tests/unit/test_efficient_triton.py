@@ -1,0 +1,88 @@
+"""The Triton forward kernel, run on the CPU through Triton's interpreter.
+
+``TRITON_INTERPRET=1`` must be set before ``triton`` is imported, and the rest of the test session
+has already imported it without, so the checks run in a fresh Python process.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from selfattn.efficient import tiled
+from selfattn.efficient.tiled import Visibility
+
+triton = pytest.importorskip("triton", reason="triton is not installed")
+
+_SCRIPT = textwrap.dedent("""
+    import json
+    import torch
+    import selfattn
+    from selfattn.efficient.tiled import Visibility, tiled_forward_torch
+    from selfattn.efficient.triton_kernel import triton_forward
+    torch.manual_seed(0)
+    cases = [(2, 3, 37, 37, 16, 24, None), (1, 2, 20, 45, 16, 16, "top_left"),
+             (1, 2, 20, 45, 16, 16, "bottom_right"), (1, 2, 45, 20, 8, 16, "bottom_right"),
+             (1, 1, 33, 33, 64, 64, "top_left")]
+    report = []
+    for B, H, T, S, Dh, Dv, alignment in cases:
+        q, k, v = torch.randn(B, H, T, Dh), torch.randn(B, H, S, Dh), torch.randn(B, H, S, Dv)
+        offset = None if alignment is None else (S - T if alignment == "bottom_right" else 0)
+        vis = Visibility(causal_offset=offset)
+        out, lse = triton_forward(q, k, v, vis, 0.3, 16, 16)
+        keep = None if alignment is None else selfattn.causal_mask(T, S, alignment=alignment)
+        expected = selfattn.scaled_dot_product_attention(q.double(), k.double(), v.double(), keep, scale=0.3)
+        _, expected_lse = tiled_forward_torch(q.double(), k.double(), v.double(), vis, 0.3, 7, 5)
+        lse_finite = torch.isfinite(expected_lse)
+        report.append({
+            "case": [B, H, T, S, Dh, Dv, alignment],
+            "out_err": float((out.double() - expected).abs().max()),
+            "out_finite": bool(torch.isfinite(out).all()),
+            "lse_err": float((lse.double() - expected_lse)[lse_finite].abs().max()),
+            "lse_inf_match": bool(torch.equal(torch.isneginf(lse), torch.isneginf(expected_lse))),
+            "empty_rows_zero": bool((out[~lse_finite.expand_as(lse)] == 0).all()),
+        })
+    print(json.dumps(report))
+""")
+
+
+def test_triton_kernel_in_interpreter_matches_reference():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(report) == 5
+    for case in report:
+        assert case["out_finite"], case
+        assert case["out_err"] < 1e-5, case
+        assert case["lse_err"] < 1e-5, case
+        assert case["lse_inf_match"] and case["empty_rows_zero"], case
+
+
+def test_dispatch_picks_torch_loop_on_cpu_and_triton_on_cuda(monkeypatch):
+    q = torch.zeros(1, 1, 4, 4)
+    assert tiled.pick_forward(q, Visibility()) is tiled.tiled_forward_torch
+
+    class FakeCuda:
+        is_cuda = True
+
+    from selfattn.efficient import triton_kernel
+
+    assert tiled.pick_forward(FakeCuda(), Visibility(causal_offset=0)) is triton_kernel.triton_forward
+    # a general mask or a window stays on the torch loop even on CUDA
+    assert tiled.pick_forward(FakeCuda(), Visibility(mask=torch.ones(4, 4, dtype=torch.bool))) is tiled.tiled_forward_torch
+    assert tiled.pick_forward(FakeCuda(), Visibility(causal_offset=0, window=3)) is tiled.tiled_forward_torch
+    monkeypatch.setattr(triton_kernel, "triton_available", lambda: False)
+    assert tiled.pick_forward(FakeCuda(), Visibility()) is tiled.tiled_forward_torch
+
+
+def test_triton_forward_refuses_general_mask():
+    from selfattn.efficient.triton_kernel import triton_forward
+
+    q = torch.zeros(1, 1, 4, 4)
+    with pytest.raises(ValueError, match="causal or no masking"):
+        triton_forward(q, q, q, Visibility(mask=torch.ones(4, 4, dtype=torch.bool)), 1.0)

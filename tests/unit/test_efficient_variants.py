@@ -1,0 +1,116 @@
+"""Sliding-window and linear attention: each form equals its other form and its definition."""
+
+import numpy as np
+import pytest
+import torch
+
+import selfattn
+from selfattn import ref
+from selfattn.efficient import (
+    linear_attention,
+    linear_attention_recurrent,
+    sliding_window_attention,
+    sliding_window_mask,
+    sliding_window_tiled_attention,
+)
+from selfattn.efficient.tiled import Visibility
+
+
+def _qkv(T, Dh=8, seed=0, B=2, H=2):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(B, H, T, Dh, generator=g, dtype=torch.float64) for _ in range(3))
+
+
+def test_sliding_window_mask_by_hand():
+    expected_causal = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]], dtype=torch.bool)
+    assert torch.equal(sliding_window_mask(4, 2), expected_causal)
+    expected_both = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]], dtype=torch.bool)
+    assert torch.equal(sliding_window_mask(4, 2, causal=False), expected_both)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window", [1, 3, 8, 40])
+def test_sliding_window_equals_reference_with_band_mask(causal, window):
+    q, k, v = _qkv(29, seed=window)
+    band = sliding_window_mask(29, window, causal=causal).numpy()
+    expected = ref.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), band)
+    np.testing.assert_allclose(sliding_window_attention(q, k, v, window, causal).numpy(), expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window,block", [(1, 4), (3, 4), (5, 3), (8, 8), (40, 6)])
+def test_sliding_window_tiled_equals_band_mask_forward_and_backward(causal, window, block):
+    q, k, v = (x.requires_grad_(True) for x in _qkv(29, seed=window + block))
+    got = sliding_window_tiled_attention(q, k, v, window, causal, block_q=block, block_k=block)
+    expected = sliding_window_attention(q, k, v, window, causal)
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=1e-11)
+    d_out = torch.randn_like(got)
+    for g, w in zip(torch.autograd.grad(got, (q, k, v), d_out), torch.autograd.grad(expected, (q, k, v), d_out),
+                    strict=True):
+        torch.testing.assert_close(g, w, atol=1e-11, rtol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_window_visibility_classifies_every_tile_like_the_band(causal):
+    """structural() says all/none/some for each tile; check it against the explicit band mask."""
+    T, window, block = 40, 7, 6
+    band = sliding_window_mask(T, window, causal=causal)
+    vis = Visibility(causal_offset=0 if causal else None, window=window)
+    skipped = 0
+    for i in range(0, T, block):
+        for j in range(0, T, block):
+            part = band[i:i + block, j:j + block]
+            verdict = vis.structural(i, min(i + block, T), j, min(j + block, T))
+            expected = True if part.all() else (False if not part.any() else None)
+            assert verdict is expected, (i, j)
+            skipped += verdict is False
+    assert skipped > 0  # the point of the tiled form: some tiles are never computed
+
+
+def _linear_by_definition(q, k, v, causal):
+    """phi(q_i) . sum_j phi(k_j) v_j / phi(q_i) . sum_j phi(k_j), written as explicit sums in NumPy."""
+    def phi(x):
+        return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))  # elu(x) + 1
+
+    pq, pk, vv = phi(q.numpy()), phi(k.numpy()), v.numpy()
+    T = pq.shape[-2]
+    out = np.zeros(pq.shape[:-1] + (vv.shape[-1],))
+    for i in range(T):
+        last = i + 1 if causal else T
+        sim = np.einsum("...d,...jd->...j", pq[..., i, :], pk[..., :last, :])
+        out[..., i, :] = np.einsum("...j,...jd->...d", sim, vv[..., :last, :]) / (sim.sum(-1)[..., None] + 1e-6)
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_linear_attention_equals_its_definition(causal):
+    q, k, v = _qkv(13, seed=3)
+    np.testing.assert_allclose(linear_attention(q, k, v, causal=causal).numpy(), _linear_by_definition(q, k, v, causal),
+                               rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("feature_map", ["elu+1", "relu"])
+def test_causal_linear_attention_parallel_equals_recurrent(feature_map):
+    q, k, v = _qkv(21, seed=4)
+    parallel = linear_attention(q, k, v, feature_map=feature_map, causal=True)
+    recurrent = linear_attention_recurrent(q, k, v, feature_map=feature_map)
+    torch.testing.assert_close(parallel, recurrent, atol=1e-12, rtol=1e-10)
+
+
+def test_linear_attention_differs_from_softmax_attention():
+    q, k, v = _qkv(16, seed=5)
+    exact = selfattn.scaled_dot_product_attention(q, k, v)
+    error = (linear_attention(q, k, v) - exact).abs().max().item()
+    assert error > 1e-2, error  # an approximation, not the same function
+
+
+def test_variant_errors():
+    q, k, v = _qkv(5)
+    with pytest.raises(ValueError, match="feature_map"):
+        linear_attention(q, k, v, feature_map="tanh")
+    with pytest.raises(ValueError, match="T == S"):
+        sliding_window_attention(q, k[..., :3, :], v[..., :3, :], 2)
+    with pytest.raises(ValueError, match="window must be > 0"):
+        sliding_window_tiled_attention(q, k, v, 0)
+    with pytest.raises(ValueError, match="T == S"):
+        linear_attention(q, k[..., :3, :], v[..., :3, :], causal=True)

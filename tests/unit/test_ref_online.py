@@ -1,0 +1,88 @@
+"""selfattn.ref.online: the online softmax and blockwise attention equal the plain reference."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from selfattn import ref
+from selfattn.ref import online
+
+
+def test_online_softmax_equals_softmax_for_every_block_size():
+    x = np.random.default_rng(0).normal(size=(4, 13)) * 7
+    for block_size in (1, 2, 5, 13, 20):
+        np.testing.assert_allclose(online.online_softmax(x, block_size), ref.softmax(x), rtol=0, atol=1e-15)
+
+
+@settings(max_examples=60, deadline=None)
+@given(arrays(np.float64, st.tuples(st.integers(1, 4), st.integers(1, 12)),
+              elements=st.floats(-1e4, 1e4)), st.integers(1, 7))
+def test_online_softmax_property(x, block_size):
+    got = online.online_softmax(x, block_size)
+    np.testing.assert_allclose(got, ref.softmax(x), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(got.sum(axis=-1), 1.0, rtol=1e-12)
+
+
+def test_online_softmax_along_other_axis():
+    x = np.random.default_rng(1).normal(size=(6, 3))
+    np.testing.assert_allclose(online.online_softmax(x, 4, axis=0), ref.softmax(x, axis=0), atol=1e-15)
+
+
+def test_update_rescales_old_sum_when_max_grows():
+    state = online.OnlineSoftmaxState((1,))
+    online.online_softmax_update(state, np.array([[0.0, 1.0]]))
+    correction = online.online_softmax_update(state, np.array([[3.0]]))
+    # by hand: m goes 1 -> 3, so the old sum e^-1 + e^0 is multiplied by e^(1-3)
+    np.testing.assert_allclose(correction, [np.exp(-2.0)], rtol=1e-15)
+    np.testing.assert_allclose(state.m, [3.0])
+    np.testing.assert_allclose(state.l, [np.exp(-3.0) + np.exp(-2.0) + 1.0], rtol=1e-15)
+
+
+def test_all_minus_inf_row_gives_zeros_and_lse_minus_inf():
+    x = np.array([[-np.inf, -np.inf, -np.inf], [0.0, -np.inf, 1.0]])
+    got = online.online_softmax(x, 2)
+    np.testing.assert_array_equal(got[0], 0.0)
+    np.testing.assert_allclose(got[1], ref.softmax(x[1]), atol=1e-15)
+    lse = online.logsumexp(x)
+    assert lse[0] == -np.inf
+    np.testing.assert_allclose(lse[1], np.log(1 + np.e), rtol=1e-15)
+
+
+def test_logsumexp_huge_values_do_not_overflow():
+    x = np.array([1e4, 1e4 - 1.0, -1e4])
+    np.testing.assert_allclose(online.logsumexp(x), 1e4 + np.log1p(np.exp(-1.0)), rtol=1e-15)
+
+
+@pytest.mark.parametrize("T,S,block_size", [(5, 7, 3), (8, 8, 8), (3, 10, 1), (6, 4, 5)])
+def test_online_attention_equals_reference_with_lse(T, S, block_size):
+    rng = np.random.default_rng(T * S)
+    q, k, v = rng.normal(size=(2, T, 4)), rng.normal(size=(2, S, 4)), rng.normal(size=(2, S, 3))
+    mask = ref.causal_mask(T, S, alignment="bottom_right")
+    context, lse = online.online_attention(q, k, v, block_size, mask=mask, return_lse=True)
+    np.testing.assert_allclose(context, ref.scaled_dot_product_attention(q, k, v, mask), atol=1e-13)
+    scores = np.where(mask, q @ np.swapaxes(k, -1, -2) / 2.0, -np.inf)  # scale 1/sqrt(4)
+    with np.errstate(divide="ignore"):  # rows that see no key: log 0 = -inf, as lse should be
+        expected_lse = np.log(np.exp(scores).sum(-1))
+    np.testing.assert_allclose(lse, expected_lse, rtol=1e-13)
+
+
+def test_online_attention_masked_rows_and_nan_values():
+    rng = np.random.default_rng(3)
+    q, k, v = rng.normal(size=(3, 2)), rng.normal(size=(4, 2)), rng.normal(size=(4, 2))
+    mask = np.array([[True, True, False, False], [False, False, False, False], [True, False, True, False]])
+    v[3] = np.nan  # never visible: must not reach the output
+    context, lse = online.online_attention(q, k, v, 2, mask=mask, return_lse=True)
+    assert np.isfinite(context).all()
+    np.testing.assert_array_equal(context[1], 0.0)
+    assert lse[1] == -np.inf
+    np.testing.assert_allclose(context, ref.scaled_dot_product_attention(q, k, v, mask), atol=1e-14)
+
+
+def test_online_attention_rejects_bad_block_size():
+    q = np.zeros((2, 2))
+    with pytest.raises(ValueError, match="block_size"):
+        online.online_attention(q, q, q, 0)
+    with pytest.raises(TypeError, match="block_size"):
+        online.online_softmax(q, 1.5)
