@@ -92,7 +92,7 @@ def scaling_data(d_head: int, n_queries: int = 500, n_keys: int = 16, seed: int 
     """
     scores = random_scores(d_head, n_queries, n_keys, seed).numpy()  # (N, S), Var = d_head
     scaled = scores / math.sqrt(d_head)
-    bins = np.linspace(-40, 40, 161) if bins is None else bins
+    bins = np.linspace(-100, 100, 401) if bins is None else bins  # +-3 std at d_head = 1024
     hist_u, _ = np.histogram(np.clip(scores, bins[0], bins[-1]), bins=bins, density=True)
     hist_s, _ = np.histogram(np.clip(scaled, bins[0], bins[-1]), bins=bins, density=True)
     sort_desc = lambda w: -np.sort(-w, axis=-1)  # noqa: E731
@@ -124,7 +124,7 @@ def _scaling_traces(data: dict, show_unscaled: bool = True, show_scaled: bool = 
 def _scaling_layout(fig: go.Figure, d_head: int, n_keys: int) -> None:
     fig.update_layout(title=_scaling_title(d_head), height=460, template="plotly_white",
                       legend={"orientation": "h", "y": -0.25})
-    fig.update_xaxes(title_text="score", range=[-40, 40], row=1, col=1)
+    fig.update_xaxes(title_text="score", range=[-100, 100], row=1, col=1)
     fig.update_yaxes(title_text="density", range=[0, 0.45], row=1, col=1)
     fig.update_xaxes(title_text="rank of the weight in its row", range=[0.5, n_keys + 0.5], row=1, col=2)
     fig.update_yaxes(title_text="mean weight", range=[0, 1], row=1, col=2)
