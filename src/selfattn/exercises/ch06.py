@@ -58,7 +58,7 @@ def check_split_merge_heads(split_fn, merge_fn):
     bad = compare_arrays(
         ex, got, _split_ref(xn, _H), what="split_heads(x, n_heads)", atol=0, rtol=0
     )
-    if bad:
+    if bad is not None:
         return bad
     heads = torch.arange(_B * _H * _T * _DH, dtype=torch.float64).reshape(_B, _H, _T, _DH)
     hn = heads.numpy()
@@ -73,11 +73,11 @@ def check_split_merge_heads(split_fn, merge_fn):
             "Transpose to (B, T, H, Dh) before the reshape.",
         )
     bad = compare_arrays(ex, merged, _merge_ref(hn), what="merge_heads(x)", atol=0, rtol=0)
-    if bad:
+    if bad is not None:
         return bad
     round_trip = to_numpy(call_learner(ex, merge_fn, call_learner(ex, split_fn, x.clone(), _H)))
     bad = compare_arrays(ex, round_trip, xn, what="merge_heads(split_heads(x))", atol=0, rtol=0)
-    if bad:
+    if bad is not None:
         return bad
     return passed(
         ex,
@@ -124,7 +124,7 @@ def check_multi_head_attention(fn):
                     f"Q_h K_h^T / sqrt(d_head), with d_head = D / H = {_DH}.",
                 )
     bad = compare_arrays(ex, weights, exp_weights, what="weights", atol=1e-9)
-    if bad:
+    if bad is not None:
         return bad
     if out is not None and out.shape == exp_out.shape:
         if np.allclose(
@@ -140,6 +140,6 @@ def check_multi_head_attention(fn):
                 ex, "out is the concatenation of the heads: multiply it by W_O as the last step."
             )
     bad = compare_arrays(ex, out, exp_out, what="out", atol=1e-9)
-    if bad:
+    if bad is not None:
         return bad
     return passed(ex, "Project, split, attend per head with 1/sqrt(d_head), merge, then W_O.")

@@ -62,7 +62,7 @@ def check_layer_norm(fn):
             if np.allclose(got, _layer_norm_variant(x, gamma, beta, **kwargs), atol=1e-9):
                 return failed(ex, words)
     bad = compare_arrays(ex, got, expected, what="layer_norm(x, gamma, beta, eps)", atol=1e-9)
-    if bad:
+    if bad is not None:
         return bad
     return passed(
         ex,
@@ -141,6 +141,6 @@ def check_post_norm_block(fn):
             if np.allclose(got, wrong, atol=1e-9):
                 return failed(ex, words)
     bad = compare_arrays(ex, got, expected, what="the block's output", atol=1e-9)
-    if bad:
+    if bad is not None:
         return bad
     return passed(ex, "h = ln1(x + attn(x)); out = ln2(h + ffn(h)): add, then normalise, twice.")
