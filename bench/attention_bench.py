@@ -1,0 +1,288 @@
+"""Time and peak memory of four attention implementations, side by side, in one run.
+
+    python bench/attention_bench.py            # full run (~5-10 min on 2 cores), writes bench/results/
+    python bench/attention_bench.py --quick    # T = 256, 512 only, prints the tables (< 1 min)
+
+Implementations (B=1, H=8, d_head=64, float32, CPU, forward pass under ``torch.no_grad``):
+
+- ``naive``: ``selfattn.scaled_dot_product_attention`` (the full (T, T) score matrix);
+- ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch's fused CPU kernel);
+- ``tiled``: ``selfattn.efficient.tiled_attention`` (online softmax over tiles, torch loop);
+- ``numpy``: ``selfattn.ref.scaled_dot_product_attention`` (float64 NumPy reference).
+
+Time: the minimum over repeats, the implementations interleaved (the machine is shared; the minimum
+is the least disturbed run). Throughput: useful FLOPs (4 T S d_head per head for QK^T and PV; only
+the visible pairs when causal) per second, as a fraction of a float32 matrix product measured in the
+same run. Memory: the rise of peak resident memory (Linux VmHWM, reset via /proc/self/clear_refs)
+above the resident size just before the call, measured in a separate fresh process per
+implementation with ``MALLOC_MMAP_THRESHOLD_=65536`` so that freed tensors return to the OS; the
+inputs exist before the call and are not counted. Configurations whose estimated memory exceeds
+the budget are skipped and marked as such. Chapter 08 loads the committed results file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import selfattn
+from selfattn import ref
+from selfattn.efficient import tiled_attention
+from selfattn.efficient.memory import peak_rss_bytes
+
+B, H, D_HEAD = 1, 8, 64
+IMPLS = ("naive", "sdpa", "tiled", "numpy")
+TIME_SIZES = (256, 512, 1024, 2048, 4096, 8192)
+MEMORY_SIZES = TIME_SIZES + (16384,)
+QUICK_SIZES = (256, 512)
+GIB = 2**30
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def estimated_bytes(impl: str, T: int) -> int:
+    """A generous estimate of the peak extra memory, used only to skip what would not fit."""
+    scores = B * H * T * T
+    return {"naive": 4 * scores * 4, "numpy": 5 * scores * 8, "sdpa": 8 * B * H * T * D_HEAD * 4,
+            "tiled": 8 * B * H * T * D_HEAD * 4}[impl]
+
+
+def memory_budget() -> int:
+    """~16 GB, or 60% of the memory available now if that is less (the machine is shared)."""
+    available = 16 * GIB
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = min(available, int(0.6 * int(line.split()[1]) * 1024))
+    return available
+
+
+def make_inputs(T: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(B, H, T, D_HEAD, generator=g) for _ in range(3))
+
+
+def runner(impl: str, q, k, v, causal: bool):
+    """A zero-argument function computing attention with ``impl``."""
+    T = q.shape[-2]
+    if impl == "naive":
+        keep = selfattn.causal_mask(T) if causal else None
+        return lambda: selfattn.scaled_dot_product_attention(q, k, v, keep)
+    if impl == "sdpa":
+        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if impl == "tiled":
+        return lambda: tiled_attention(q, k, v, causal=causal)
+    qn, kn, vn = (x.double().numpy() for x in (q, k, v))
+    keep = ref.causal_mask(T) if causal else None
+    return lambda: ref.scaled_dot_product_attention(qn, kn, vn, keep)
+
+
+def attention_flops(T: int, causal: bool) -> float:
+    pairs = T * (T + 1) / 2 if causal else T * T
+    return 4.0 * B * H * pairs * D_HEAD  # QK^T and PV, 2 FLOPs per multiply-add
+
+
+def matmul_gflops(n: int, repeats: int) -> float:
+    """The float32 matrix-multiply rate of this machine, best of ``repeats`` (n x n) @ (n x n)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    return 2 * n**3 / best / 1e9
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure_times(sizes, repeats: int, budget: int, numpy_max_T: int):
+    """{(impl, T, causal): seconds or None (skipped)}, interleaving the implementations."""
+    times = {}
+    for T in sizes:
+        q, k, v = make_inputs(T)
+        for causal in (False, True):
+            todo = [impl for impl in IMPLS
+                    if estimated_bytes(impl, T) <= budget and (impl != "numpy" or T <= numpy_max_T)]
+            for impl in IMPLS:
+                times[(impl, T, causal)] = None
+            fns = {impl: runner(impl, q, k, v, causal) for impl in todo}
+            with torch.no_grad():
+                for impl in todo:  # warm-up (and the only run for slow NumPy at large T)
+                    times[(impl, T, causal)] = _timed(fns[impl])
+                for _ in range(repeats + 2 if T == 4096 else repeats - 1):  # T=4096 holds the targets
+                    for impl in todo:
+                        if impl == "numpy" and T >= 2048:
+                            continue
+                        times[(impl, T, causal)] = min(times[(impl, T, causal)], _timed(fns[impl]))
+            print(f"  timed T={T} causal={causal}: "
+                  + ", ".join(f"{i}={times[(i, T, causal)]:.3g}s" for i in todo), file=sys.stderr, flush=True)
+    return times
+
+
+def memory_worker(impl: str, sizes: list[int], budget: int) -> dict:
+    """Run in a fresh process: peak extra resident bytes of ``impl`` at each size, causal and not."""
+    result = {}
+    for T in sizes:
+        for causal in (False, True):
+            key = f"{T},{int(causal)}"
+            if estimated_bytes(impl, T) > budget:
+                result[key] = None
+                continue
+            q, k, v = make_inputs(T)
+            fn = runner(impl, q, k, v, causal)  # NumPy copies of the inputs are made here, not counted
+            with torch.no_grad():
+                warm = fn()  # warm-up: one-time costs (code pages, thread pools) are not the algorithm's
+                del warm
+                peak, out = peak_rss_bytes(fn)
+            del out
+            result[key] = peak
+    return result
+
+
+def measure_memory(sizes, budget: int, numpy_max_T: int):
+    memory = {}
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+    for impl in IMPLS:
+        impl_sizes = [T for T in sizes if impl != "numpy" or T <= numpy_max_T]
+        run = subprocess.run([sys.executable, __file__, "--memory-worker", impl, "--budget", str(budget),
+                              "--sizes", *map(str, impl_sizes)], env=env, capture_output=True, text=True,
+                             timeout=600)
+        if run.returncode != 0:
+            raise RuntimeError(f"memory worker for {impl} failed:\n{run.stderr[-2000:]}")
+        raw = json.loads(run.stdout.strip().splitlines()[-1])
+        for T in sizes:
+            for causal in (False, True):
+                memory[(impl, T, causal)] = raw.get(f"{T},{int(causal)}")
+        print(f"  memory {impl} done", file=sys.stderr, flush=True)
+    return memory
+
+
+def _fmt(x, spec):
+    return "skipped" if x is None else format(x, spec)
+
+
+def _ratio(a, b):
+    return None if a is None or b is None else a / b
+
+
+def render(times, memory, time_sizes, memory_sizes, peak_gflops, meta) -> str:
+    lines = [f"# Attention on CPU: time and peak memory ({meta['date']})", "",
+             f"Machine: {meta['cpu']}, {meta['threads']} torch threads, torch {meta['torch']}, "
+             f"numpy {meta['numpy']}; load average at start {meta['load']}. "
+             f"Measured float32 matmul rate: **{peak_gflops:.1f} GFLOP/s** ({meta['matmul_n']} x {meta['matmul_n']}).", "",
+             "B=1, H=8, d_head=64, float32 (NumPy: float64), forward pass under `torch.no_grad`. "
+             "Time: minimum over interleaved repeats. %peak: achieved useful GFLOP/s as a percentage of "
+             "the measured matmul rate. 'skipped': estimated memory over the budget "
+             f"({meta['budget_gib']:.1f} GiB) or, for NumPy, above T={meta['numpy_max_T']} (time budget).", "",
+             "## Time (ms) and ratio to SDPA", "",
+             "| T | causal | naive | SDPA | tiled | NumPy | naive/SDPA | tiled/SDPA | NumPy/SDPA "
+             "| SDPA %peak | tiled %peak |",
+             "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for T in time_sizes:
+        for causal in (False, True):
+            t = {impl: times[(impl, T, causal)] for impl in IMPLS}
+            ms = {impl: None if t[impl] is None else 1e3 * t[impl] for impl in IMPLS}
+            pct = {impl: None if t[impl] is None else
+                   100 * attention_flops(T, causal) / t[impl] / 1e9 / peak_gflops for impl in ("sdpa", "tiled")}
+            lines.append(
+                f"| {T} | {'yes' if causal else 'no'} | {_fmt(ms['naive'], '.1f')} | {_fmt(ms['sdpa'], '.1f')} "
+                f"| {_fmt(ms['tiled'], '.1f')} | {_fmt(ms['numpy'], '.1f')} "
+                f"| {_fmt(_ratio(t['naive'], t['sdpa']), '.2f')} | {_fmt(_ratio(t['tiled'], t['sdpa']), '.2f')} "
+                f"| {_fmt(_ratio(t['numpy'], t['sdpa']), '.2f')} | {_fmt(pct['sdpa'], '.0f')}% "
+                f"| {_fmt(pct['tiled'], '.0f')}% |")
+    lines += ["", "## Peak extra memory (MiB) and ratios", "",
+              "| T | causal | naive | SDPA | tiled | NumPy | tiled/SDPA | tiled/naive |",
+              "|---:|:---:|---:|---:|---:|---:|---:|---:|"]
+    for T in memory_sizes:
+        for causal in (False, True):
+            m = {impl: memory[(impl, T, causal)] for impl in IMPLS}
+            mib = {impl: None if m[impl] is None else m[impl] / 2**20 for impl in IMPLS}
+            lines.append(
+                f"| {T} | {'yes' if causal else 'no'} | {_fmt(mib['naive'], '.1f')} | {_fmt(mib['sdpa'], '.1f')} "
+                f"| {_fmt(mib['tiled'], '.1f')} | {_fmt(mib['numpy'], '.1f')} "
+                f"| {_fmt(_ratio(m['tiled'], m['sdpa']), '.2f')} | {_fmt(_ratio(m['tiled'], m['naive']), '.4f')} |")
+    lines += ["", "## Targets", ""] + [f"- {line}" for line in check_targets(times, memory)]
+    return "\n".join(lines) + "\n"
+
+
+def check_targets(times, memory) -> list[str]:
+    """The issue's targets, each stated with its measured value and MET / NOT MET / NOT MEASURED."""
+    out = []
+    for causal in (False, True):
+        r = _ratio(times.get(("tiled", 4096, causal)), times.get(("sdpa", 4096, causal)))
+        verdict = "NOT MEASURED" if r is None else ("MET" if r <= 1.3 else "NOT MET")
+        out.append(f"tiled time within 1.3x of SDPA at T=4096, causal={causal}: {_fmt(r, '.2f')}, {verdict}")
+    for causal in (False, True):
+        r = _ratio(memory.get(("tiled", 8192, causal)), memory.get(("sdpa", 8192, causal)))
+        verdict = "NOT MEASURED" if r is None else ("MET" if r <= 2 else "NOT MET")
+        out.append(f"tiled peak memory within 2x of SDPA at T=8192, causal={causal}: {_fmt(r, '.2f')}, {verdict}")
+        r = _ratio(memory.get(("tiled", 8192, causal)), memory.get(("naive", 8192, causal)))
+        verdict = "NOT MEASURED" if r is None else ("MET" if r < 0.01 else "NOT MET")
+        out.append(f"tiled peak memory under 1/100 of naive at T=8192, causal={causal}: {_fmt(r, '.4f')}, {verdict}")
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="T = 256, 512 only; for a smoke test")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="markdown file to write (default for a full run: bench/results/cpu-<date>.md)")
+    parser.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--sizes", type=int, nargs="*", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--budget", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.memory_worker:
+        print(json.dumps(memory_worker(args.memory_worker, args.sizes, args.budget)))
+        return
+
+    torch.manual_seed(0)
+    budget = memory_budget()
+    time_sizes = QUICK_SIZES if args.quick else TIME_SIZES
+    memory_sizes = QUICK_SIZES if args.quick else MEMORY_SIZES
+    numpy_max_T = 4096
+    matmul_n = 512 if args.quick else 2048
+    peak = matmul_gflops(matmul_n, 3 if args.quick else 5)
+    print(f"float32 matmul: {peak:.1f} GFLOP/s", file=sys.stderr, flush=True)
+    times = measure_times(time_sizes, 2 if args.quick else 3, budget, numpy_max_T)
+    memory = measure_memory(memory_sizes, budget, numpy_max_T)
+    today = dt.date.today().isoformat()
+    meta = {"date": today, "cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "numpy": np.__version__, "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+            "budget_gib": budget / GIB, "numpy_max_T": numpy_max_T, "matmul_n": matmul_n}
+    table = render(times, memory, time_sizes, memory_sizes, peak, meta)
+    print(table)
+    out = args.out if args.out is not None else (None if args.quick else RESULTS / f"cpu-{today}.md")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(table)
+        record = {"meta": meta, "matmul_gflops": peak,
+                  "time_s": [{"impl": i, "T": T, "causal": c, "value": v} for (i, T, c), v in times.items()],
+                  "memory_bytes": [{"impl": i, "T": T, "causal": c, "value": v} for (i, T, c), v in memory.items()]}
+        out.with_suffix(".json").write_text(json.dumps(record, indent=1))
+        print(f"wrote {out} and {out.with_suffix('.json')}", file=sys.stderr)
+
+
+def _cpu_name() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+
+
+if __name__ == "__main__":
+    main()

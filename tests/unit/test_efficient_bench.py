@@ -1,0 +1,22 @@
+"""bench/attention_bench.py runs end to end in --quick mode and prints both tables (no timing is
+asserted: speed is measured by the bench itself, never by a test)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "attention_bench.py"
+
+
+@pytest.mark.slow
+def test_bench_quick_prints_tables():
+    run = subprocess.run([sys.executable, str(BENCH), "--quick"], capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
+    assert "| T | causal | naive | SDPA | tiled | NumPy | naive/SDPA | tiled/SDPA |" in out
+    assert "| T | causal | naive | SDPA | tiled | NumPy | tiled/SDPA | tiled/naive |" in out
+    rows = [line for line in out.splitlines() if line.startswith("| 256 |") or line.startswith("| 512 |")]
+    assert len(rows) == 8  # 2 sizes x causal or not, in each of the two tables
+    assert "GFLOP/s" in out and "## Targets" in out
