@@ -103,5 +103,5 @@ def test_claim_08_tying_values_to_keys_costs_recall_accuracy(seed):
     tied = train_recall(TiedRecallModel, config, seed)
     assert np.isfinite([untied.loss, tied.loss]).all()
     assert untied.accuracy >= 0.95, untied
-    assert tied.accuracy <= 0.6 and untied.accuracy - tied.accuracy >= 0.4, (untied.accuracy, tied.accuracy)
+    assert tied.accuracy < 0.5 and untied.accuracy - tied.accuracy >= 0.4, (untied.accuracy, tied.accuracy)
     assert tied.loss > untied.loss + 1.0  # nats of cross-entropy
