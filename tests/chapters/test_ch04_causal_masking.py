@@ -1,0 +1,145 @@
+"""Claim 12 (chapter 04): the causal mask stops position i from reading positions after i; without
+it, training peeks at the answer and the model is useless when the future is hidden."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import selfattn
+from selfattn.block import BlockConfig, TransformerBlock
+from selfattn.data import CharTokenizer, load_corpus, random_windows
+from selfattn.models import (
+    TinyLM,
+    TinyLMConfig,
+    blind_next_token_loss,
+    next_token_loss,
+    train_next_token,
+)
+
+
+@pytest.fixture
+def one_thread():
+    """The tiny model trains fastest on one thread (and predictably on a shared CPU)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_claim_12_causal_mask_blocks_the_future():
+    # The mask is the lower triangle, diagonal included (numpy's tril is the oracle).
+    for T in (1, 2, 5):
+        np.testing.assert_array_equal(
+            selfattn.causal_mask(T).numpy(), np.tril(np.ones((T, T), dtype=bool))
+        )
+    # T != S: both alignments, as index formulas.
+    i, j = np.arange(3)[:, None], np.arange(7)[None, :]
+    np.testing.assert_array_equal(selfattn.causal_mask(3, 7, alignment="top_left").numpy(), j <= i)
+    np.testing.assert_array_equal(
+        selfattn.causal_mask(3, 7, alignment="bottom_right").numpy(), j <= i + 4
+    )
+    with pytest.raises(ValueError, match="alignment"):
+        selfattn.causal_mask(3, 7)
+
+    # A one-token decoding step (bottom_right) equals the last row of full causal attention, which
+    # torch's own attention computes as the oracle.
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 6, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    full = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    step = selfattn.scaled_dot_product_attention(
+        q[..., -1:, :], k, v, selfattn.causal_mask(1, 6, alignment="bottom_right")
+    )
+    torch.testing.assert_close(step[..., 0, :], full[..., -1, :], rtol=0, atol=1e-12)
+
+    # Through a Transformer block: changing the inputs after p leaves outputs <= p unchanged with the
+    # mask (to 1e-6 in float32) and changes them without it (by more than 1e-3).
+    torch.manual_seed(0)
+    block = TransformerBlock(BlockConfig(d_model=16, n_heads=4, d_ff=32)).eval()
+    x = torch.randn(2, 8, 16, generator=gen)
+    with torch.no_grad():
+        for p in range(7):
+            y = x.clone()
+            y[:, p + 1 :] = torch.randn(2, 7 - p, 16, generator=gen)
+            masked = (block(x, selfattn.causal_mask(8)) - block(y, selfattn.causal_mask(8))).abs()
+            unmasked = (block(x) - block(y)).abs()
+            assert torch.isfinite(masked).all() and torch.isfinite(unmasked).all()
+            assert masked[:, : p + 1].max() <= 1e-6
+            assert masked[:, p + 1 :].amax(dim=(0, 2)).min() > 1e-3
+            assert unmasked[:, : p + 1].amax(dim=(0, 2)).min() > 1e-3
+
+
+def test_claim_12_unmasked_model_peeks_and_fails_blind(one_thread):
+    text = load_corpus()
+    tok = CharTokenizer(text)
+    ids = tok.encode(text)
+    split = int(0.9 * len(ids))
+    train_ids, val_ids = ids[:split], ids[split:]
+    config = TinyLMConfig(
+        tok.vocab_size, block_size=32, d_model=64, n_heads=4, n_layers=1, d_ff=256
+    )
+    val_inputs, val_targets = random_windows(val_ids, 32, 32, torch.Generator().manual_seed(1))
+
+    results = {}
+    for causal in (True, False):
+        torch.manual_seed(0)
+        model = TinyLM(config)
+        losses = train_next_token(model, train_ids, causal=causal, steps=150, batch_size=32, seed=0)
+        assert all(np.isfinite(losses))
+        with torch.no_grad():
+            seen = next_token_loss(
+                model(val_inputs, selfattn.causal_mask(32) if causal else None), val_targets
+            )
+        blind = blind_next_token_loss(model, val_inputs, val_targets, causal=causal)
+        results[causal] = (float(np.mean(losses[-20:])), float(seen), float(blind))
+
+    counts = torch.bincount(train_ids, minlength=tok.vocab_size).double()
+    freq = counts[counts > 0] / counts.sum()
+    unigram = float(
+        -(freq * freq.log()).sum()
+    )  # the loss of predicting by character frequency alone
+
+    (train_masked, seen_masked, blind_masked), (train_peek, seen_peek, blind_peek) = (
+        results[True],
+        results[False],
+    )
+    assert train_peek < 0.25 * train_masked  # far lower training loss ...
+    assert (
+        seen_peek < 0.25 * seen_masked
+    )  # ... also on held-out text while it can see the answer ...
+    assert blind_peek > unigram  # ... but with the future hidden, worse than letter frequencies
+    assert (
+        blind_peek > blind_masked + 1.0
+    )  # and more than 1 nat per character worse than the causal model
+    assert abs(blind_masked - seen_masked) < 1e-4  # the causal model never used the future
+    assert blind_masked < unigram  # and it did learn something
+
+
+def test_claim_12_fill_values_and_replacement():
+    scores = torch.tensor([[1.0, 2.0, 0.5], [0.3, -1.0, 2.0]])
+    keep = torch.tensor([[True, True, False], [False, False, False]])
+    # -inf on a fully masked row: 0/0 = NaN in torch's softmax.
+    assert torch.isnan(torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)[1]).all()
+    # -1e9 does not fit in float16 (max 65504): it becomes -inf, and the empty row is NaN again.
+    assert torch.tensor(-1e9).half().item() == float("-inf")
+    additive = torch.zeros(2, 3).masked_fill(~keep, -1e9).half()
+    assert torch.isnan(torch.softmax(scores.half() + additive, dim=-1)[1]).all()
+    # The package: replacement before the softmax and a guarded empty row, in every dtype.
+    expected = selfattn.ref.softmax(scores.double().numpy(), mask=keep.numpy())
+    np.testing.assert_allclose(expected[1], 0.0, atol=0)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        q = torch.randn(1, 2, 4).to(dtype) * 30
+        k, v = (torch.randn(1, 3, 4).to(dtype) * 30 for _ in range(2))
+        context, weights = selfattn.scaled_dot_product_attention(q, k, v, keep, return_weights=True)
+        assert torch.isfinite(context).all() and torch.isfinite(weights).all()
+        torch.testing.assert_close(context[0, 1].float(), torch.zeros(4), rtol=0, atol=0)
+        torch.testing.assert_close(weights[0, 1].float(), torch.zeros(3), rtol=0, atol=0)
+        ref_weights = selfattn.ref.scaled_dot_product_attention(
+            q.double().numpy(),
+            k.double().numpy(),
+            v.double().numpy(),
+            keep.numpy(),
+            return_weights=True,
+        )[1]
+        np.testing.assert_allclose(weights.double().numpy(), ref_weights, atol=2e-2)

@@ -1,0 +1,97 @@
+"""The checks of chapter 04 accept the reference solutions and name the typical mistakes."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import selfattn
+from selfattn.exercises import ch04
+
+
+def _tril(T, k=0):
+    return torch.tril(torch.ones(T, T, dtype=torch.bool), diagonal=k)
+
+
+def test_causal_mask_solutions_pass():
+    assert ch04.check_causal_mask(_tril)
+    assert ch04.check_causal_mask(selfattn.causal_mask)
+    assert ch04.check_causal_mask(lambda T: np.tril(np.ones((T, T), dtype=bool)))
+
+
+def test_causal_mask_not_attempted_is_not_an_error():
+    def stub(T):
+        raise NotImplementedError
+
+    feedback = ch04.check_causal_mask(stub)
+    assert not feedback and not feedback.attempted
+
+
+def test_causal_mask_catches_the_missing_diagonal():
+    feedback = ch04.check_causal_mask(lambda T: _tril(T, -1))
+    assert not feedback and "every token must attend to itself" in feedback.message
+
+
+def test_causal_mask_catches_the_upper_triangle():
+    feedback = ch04.check_causal_mask(lambda T: _tril(T).T.contiguous())
+    assert not feedback and "read the future" in feedback.message
+
+
+def test_causal_mask_catches_the_reversed_polarity():
+    feedback = ch04.check_causal_mask(lambda T: ~_tril(T))
+    assert not feedback and "polarity is reversed" in feedback.message
+    assert "from_blocked_mask" in feedback.message
+
+
+def test_causal_mask_catches_a_float_mask_and_a_wrong_shape():
+    feedback = ch04.check_causal_mask(lambda T: _tril(T).float())
+    assert not feedback and "boolean" in feedback.message
+    feedback = ch04.check_causal_mask(lambda T: _tril(T)[None])
+    assert not feedback and "shape" in feedback.message
+
+
+def test_causal_mask_catches_a_crash():
+    feedback = ch04.check_causal_mask(lambda T: 1 / 0)
+    assert not feedback and "ZeroDivisionError" in feedback.message
+
+
+def test_masked_softmax_solutions_pass():
+    assert ch04.check_masked_softmax(selfattn.masked_softmax)
+
+    def numpy_solution(scores, keep):
+        return torch.from_numpy(selfattn.ref.softmax(scores.numpy(), mask=keep.numpy()))
+
+    assert ch04.check_masked_softmax(numpy_solution)
+
+
+def test_masked_softmax_catches_nan_on_an_empty_row():
+    feedback = ch04.check_masked_softmax(
+        lambda s, k: torch.softmax(s.masked_fill(~k, float("-inf")), dim=-1)
+    )
+    assert not feedback and "no visible key" in feedback.message and "NaN" in feedback.message
+
+
+def test_masked_softmax_catches_a_finite_fill_value():
+    feedback = ch04.check_masked_softmax(
+        lambda s, k: torch.softmax(s.masked_fill(~k, -1e9), dim=-1)
+    )
+    assert not feedback and "large finite fill value" in feedback.message
+
+
+def test_masked_softmax_catches_an_additive_mask_leaking_nan():
+    feedback = ch04.check_masked_softmax(
+        lambda s, k: torch.softmax(s + (~k).float() * -1e9, dim=-1)
+    )
+    assert not feedback and "replace the masked scores" in feedback.message
+
+
+def test_masked_softmax_catches_no_mask_and_reversed_polarity():
+    feedback = ch04.check_masked_softmax(lambda s, k: torch.softmax(s, dim=-1))
+    assert not feedback and "exactly 0" in feedback.message
+    feedback = ch04.check_masked_softmax(lambda s, k: selfattn.masked_softmax(s, ~k))
+    assert not feedback and "polarity is reversed" in feedback.message
+
+
+def test_masked_softmax_catches_rows_that_do_not_sum_to_one():
+    feedback = ch04.check_masked_softmax(lambda s, k: 0.5 * selfattn.masked_softmax(s, k))
+    assert not feedback and "sum to 1" in feedback.message
