@@ -1,0 +1,101 @@
+"""Small experiments of chapters 08-09: real queries/keys/values, a lookup task, errors of variants.
+
+Kept here (not in the notebooks) so that the chapter and its claim tests run the same code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .._validate import require_positive_int
+from ..attention import scaled_dot_product_attention
+from .variants import linear_attention, sliding_window_attention
+
+__all__ = ["minilm_qkv", "relative_error", "variant_errors", "lookup_task", "target_weight", "fitted_slope"]
+
+
+def minilm_qkv(n_tokens: int = 128, layer: int = 0):
+    """Real queries, keys and values: the first ``n_tokens`` WordPiece tokens of the course corpus
+    (``selfattn.data.load_corpus``) through the real model's embedding table and the projections
+    ``W_Q, W_K, W_V`` of one layer of all-MiniLM-L6-v2 (``selfattn.pretrained.load_minilm``).
+
+    Returns:
+        ``(q, k, v)``, each (1, 12, n_tokens, 32) float32, and the list of tokens.
+
+    Raises:
+        ValueError: ``n_tokens`` not in [1, 512] or ``layer`` not in [0, 5].
+
+    Source: chapter 08 (claim 18).
+    """
+    from ..data import load_corpus
+    from ..pretrained import load_minilm
+
+    n_tokens = require_positive_int("n_tokens", n_tokens)
+    if n_tokens > 512:
+        raise ValueError(f"n_tokens must be <= 512 (the model's positions); got {n_tokens}")
+    if not 0 <= layer < 6:
+        raise ValueError(f"layer must be in [0, 5]; got {layer}")
+    model = load_minilm()
+    batch = model.tokenize(load_corpus()[: 8 * n_tokens])
+    ids = batch.input_ids[:, :n_tokens]  # (1, T)
+    X = model.token_embeddings(ids)  # (1, T, D)
+    sd, H = model.state_dict, model.config.n_heads
+    prefix = f"encoder.layer.{layer}.attention.self."
+
+    def project(name):
+        W, b = sd[prefix + name + ".weight"], sd[prefix + name + ".bias"]  # nn.Linear layout: (out, in)
+        Y = X @ W.T + b  # (1, T, D) @ (D, D) -> (1, T, D)
+        return Y.reshape(1, ids.shape[1], H, -1).transpose(1, 2)  # (1, T, D) -> (1, H, T, Dh)
+
+    return project("query"), project("key"), project("value"), batch.tokens[0][:n_tokens]
+
+
+def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
+    """``||approx - exact|| / ||exact||`` (Frobenius norms over everything)."""
+    return float((approx - exact).norm() / exact.norm())
+
+
+def variant_errors(q, k, v, windows=(4, 16, 64), causal: bool = True) -> dict[str, float]:
+    """Relative error of each approximate variant against exact attention on the same inputs.
+
+    Returns a dict: ``"window=w"`` for each sliding window and ``"linear (elu+1)"``.
+    Source: chapter 08 (claim 18).
+    """
+    T = q.shape[-2]
+    keep = torch.ones(T, T, dtype=torch.bool).tril() if causal else None
+    exact = scaled_dot_product_attention(q, k, v, keep)
+    errors = {f"window={w}": relative_error(sliding_window_attention(q, k, v, w, causal), exact) for w in windows}
+    errors["linear (elu+1)"] = relative_error(linear_attention(q, k, v, causal=causal), exact)
+    return errors
+
+
+def lookup_task(T: int = 64, d_head: int = 32, seed: int = 0):
+    """A sharp lookup: query i is a copy (times ``2 d_head``) of the key at a random position
+    ``targets[i]``; keys are random unit vectors; values are one-hot positions (V = I), so each
+    output row *is* the attention weights and ``out[i, targets[i]]`` is the weight on the right key.
+
+    Returns:
+        ``(q, k, v, targets)``: (T, d_head), (T, d_head), (T, T) float64 and (T,) int64.
+
+    Source: chapter 08 (claim 18: the approximation visibly fails).
+    """
+    T, d_head = require_positive_int("T", T), require_positive_int("d_head", d_head)
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(T, d_head, generator=g, dtype=torch.float64)
+    k = k / k.norm(dim=-1, keepdim=True)
+    targets = torch.randint(0, T, (T,), generator=g)
+    q = 2.0 * d_head * k[targets]  # score of the target: 2 d_head / sqrt(d_head) = 2 sqrt(d_head)
+    return q, k, torch.eye(T, dtype=torch.float64), targets
+
+
+def target_weight(out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The weight each query puts on its target (rows of ``out`` are weights when V = I): (T,)."""
+    return out.gather(-1, targets[:, None])[:, 0]
+
+
+def fitted_slope(sizes, values) -> float:
+    """Least-squares slope of ``log(values)`` against ``log(sizes)``: the exponent p in
+    ``value ~ size^p`` (2 quadratic, 1 linear). Source: chapter 08 (claim 16)."""
+    x, y = np.log(np.asarray(sizes, dtype=float)), np.log(np.asarray(values, dtype=float))
+    return float(np.polyfit(x, y, 1)[0])

@@ -1,0 +1,192 @@
+"""Figure builders for chapters 08-09: what attention costs, and the tiles of FlashAttention.
+
+Builders return plotly Figures (never show them). The static figures carry buttons or a slider, so a
+reader of the book explores them with no kernel; the single-view builders (``*_view``) are what
+the chapters' ipywidgets explorers re-display, so both show the same views.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ..efficient.experiments import fitted_slope
+from ..ref.online import OnlineSoftmaxState, logsumexp, online_softmax_update
+from . import COLORSCALE, describe
+
+__all__ = ["scaling_view", "scaling_figure", "tiles_data", "tiles_view", "tiles_figure", "lookup_figure",
+           "fitted_slope"]
+
+# Okabe-Ito colours: distinct for colour-blind readers; dashes tell the series apart in grayscale.
+_COLOURS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9"]
+_DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"]
+_STEP = {"mode": "immediate", "frame": {"duration": 0, "redraw": True}, "transition": {"duration": 0}}
+
+
+def _scaling_traces(sizes, series: dict, visible: bool = True) -> list[go.Scatter]:
+    traces = []
+    for i, (name, values) in enumerate(series.items()):
+        pairs = [(s, v) for s, v in zip(sizes, values, strict=True) if v is not None and v > 0]
+        label = name
+        if len(pairs) >= 2:
+            label = f"{name} (slope {fitted_slope(*zip(*pairs, strict=True)):.2f})"
+        traces.append(go.Scatter(x=[p[0] for p in pairs], y=[float(f"{p[1]:.4g}") for p in pairs],
+                                 mode="lines+markers", name=label, visible=visible,
+                                 line={"color": _COLOURS[i % 6], "dash": _DASHES[i % 6]}))
+    return traces
+
+
+def _loglog_layout(fig: go.Figure, title: str, unit: str) -> None:
+    fig.update_layout(title=title, height=440, template="plotly_white", legend={"orientation": "h", "y": -0.22})
+    fig.update_xaxes(type="log", title_text="sequence length T (log scale)")
+    fig.update_yaxes(type="log", title_text=f"{unit} (log scale)")
+
+
+def scaling_view(sizes, series: dict, quantity: str, unit: str) -> go.Figure:
+    """Log-log lines of ``series`` (name -> one value per size, None where not measured) against
+    ``sizes``; each legend entry gives its fitted slope (2 means quadratic, 1 linear).
+
+    Source: chapter 08 (claim 16)."""
+    fig = go.Figure(_scaling_traces(sizes, series))
+    _loglog_layout(fig, f"{quantity} against sequence length", unit)
+    return describe(fig, f"Log-log plot of {quantity} ({unit}) against sequence length for "
+                         f"{', '.join(series)}; the legend gives each line's fitted slope.")
+
+
+def scaling_figure(sizes, panels: dict[str, tuple[dict, str]]) -> go.Figure:
+    """Several :func:`scaling_view` panels in one figure with buttons to switch between them (works
+    with no kernel). ``panels``: quantity -> (series, unit).
+
+    Source: chapter 08 (claim 16)."""
+    fig = go.Figure()
+    counts, buttons = [], []
+    for j, (series, _unit) in enumerate(panels.values()):
+        fig.add_traces(_scaling_traces(sizes, series, visible=j == 0))
+        counts.append(len(series))
+    start = 0
+    for j, (quantity, (_series, unit)) in enumerate(panels.items()):
+        visible = [False] * sum(counts)
+        visible[start:start + counts[j]] = [True] * counts[j]
+        start += counts[j]
+        buttons.append({"label": quantity, "method": "update",
+                        "args": [{"visible": visible}, {"title": {"text": f"{quantity} against sequence length"},
+                                                        "yaxis": {"type": "log", "title": {"text": f"{unit} (log scale)"}}}]})
+    first_q, (_, first_unit) = next(iter(panels.items()))
+    _loglog_layout(fig, f"{first_q} against sequence length", first_unit)
+    fig.update_layout(updatemenus=[{"type": "buttons", "direction": "right", "buttons": buttons,
+                                    "x": 0.0, "y": 1.18, "xanchor": "left", "showactive": True}],
+                      margin={"t": 110})
+    return describe(fig, "Log-log plots against sequence length; buttons switch between "
+                         f"{', '.join(panels)}. The legend gives each line's fitted slope: about 2 for the "
+                         "score matrix (quadratic), about 1 for the tiled path's memory (linear).")
+
+
+def tiles_data(scores, block_k: int) -> list[dict]:
+    """The online softmax of each row of ``scores`` (T, S), one key block at a time.
+
+    Returns one dict per step (0 = nothing seen, then one per key block) with ``seen`` (number of
+    keys read), ``m`` (running maxima, T), ``lse`` (log-sum-exp so far, T). Source: chapter 09."""
+    scores = np.asarray(scores, dtype=float)
+    state = OnlineSoftmaxState(scores.shape[:-1])
+    steps = [{"seen": 0, "m": state.m.copy(), "lse": state.logsumexp()}]
+    for start in range(0, scores.shape[-1], block_k):
+        online_softmax_update(state, scores[..., start:start + block_k])
+        steps.append({"seen": min(start + block_k, scores.shape[-1]), "m": state.m.copy(), "lse": state.logsumexp()})
+    return steps
+
+
+def _tiles_traces(scores: np.ndarray, step: dict, final_lse: np.ndarray) -> list:
+    T, S = scores.shape
+    shown = np.where(np.arange(S)[None, :] < step["seen"], scores, np.nan)  # unread keys are blank
+    rows = [f"q{i}" for i in range(T)]
+    finite = lambda a: [None if not np.isfinite(x) else round(float(x), 3) for x in a]  # noqa: E731
+    return [
+        go.Heatmap(z=np.round(shown, 3), x=[f"k{j}" for j in range(S)], y=rows, colorscale=COLORSCALE,
+                   zmin=float(scores.min()), zmax=float(scores.max()), colorbar={"title": "score", "x": 0.46},
+                   xaxis="x", yaxis="y", hovertemplate="%{y}, %{x}: %{z}<extra></extra>"),
+        go.Bar(x=finite(step["lse"]), y=rows, orientation="h", name="log-sum-exp so far", marker_color=_COLOURS[0],
+               xaxis="x2", yaxis="y2"),
+        go.Scatter(x=finite(step["m"]), y=rows, mode="markers", name="running max m",
+                   marker={"symbol": "diamond", "size": 9, "color": _COLOURS[1]}, xaxis="x2", yaxis="y2"),
+        go.Scatter(x=finite(final_lse), y=rows, mode="markers", name="final log-sum-exp",
+                   marker={"symbol": "line-ns-open", "size": 16, "color": "black", "line": {"width": 2}},
+                   xaxis="x2", yaxis="y2"),
+    ]
+
+
+def _tiles_base(scores: np.ndarray, title: str) -> go.Figure:
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.14,
+                        subplot_titles=("scores read so far", "per query row"))
+    lo = float(min(scores.max(axis=-1).min(), scores.min())) - 0.5
+    hi = float(logsumexp(scores).max()) + 0.5
+    fig.update_layout(title=title, height=460, template="plotly_white", barmode="overlay",
+                      legend={"orientation": "h", "y": -0.18})
+    fig.update_yaxes(autorange="reversed", row=1, col=1)
+    fig.update_yaxes(autorange="reversed", row=1, col=2)
+    fig.update_xaxes(range=[lo, hi], title_text="value", row=1, col=2)
+    return fig
+
+
+def _tiles_title(step: dict, n_keys: int) -> str:
+    return f"after reading keys 0..{step['seen'] - 1} of {n_keys}" if step["seen"] else "before reading any key"
+
+
+def tiles_view(scores, block_k: int, step: int) -> go.Figure:
+    """One step of the online softmax over key blocks: left, the scores read so far (unread blank);
+    right, per query row the running maximum, the log-sum-exp so far and the final one (they meet
+    at the last step). Source: chapter 09."""
+    scores = np.asarray(scores, dtype=float)
+    steps = tiles_data(scores, block_k)
+    if not 0 <= step < len(steps):
+        raise ValueError(f"step must be in [0, {len(steps) - 1}]; got {step}")
+    fig = _tiles_base(scores, _tiles_title(steps[step], scores.shape[-1]))
+    fig.add_traces(_tiles_traces(scores, steps[step], steps[-1]["lse"]))
+    return describe(fig, f"Online softmax with key blocks of {block_k}: the scores read after step {step}, and "
+                         "for each query the running maximum and the log-sum-exp so far against the final value.")
+
+
+def tiles_figure(scores, block_k: int) -> go.Figure:
+    """:func:`tiles_view` with a slider over every step (works with no kernel). Source: chapter 09."""
+    scores = np.asarray(scores, dtype=float)
+    steps = tiles_data(scores, block_k)
+    final = steps[-1]["lse"]
+    fig = _tiles_base(scores, _tiles_title(steps[0], scores.shape[-1]))
+    fig.add_traces(_tiles_traces(scores, steps[0], final))
+    names = [str(i) for i in range(len(steps))]
+    fig.frames = [go.Frame(data=_tiles_traces(scores, st, final), name=name,
+                           layout={"title": {"text": _tiles_title(st, scores.shape[-1])}})
+                  for st, name in zip(steps, names, strict=True)]
+    fig.update_layout(sliders=[{"active": 0, "currentvalue": {"prefix": "key blocks read: "}, "pad": {"t": 50},
+                                "steps": [{"label": n, "method": "animate", "args": [[n], _STEP]} for n in names]}])
+    return describe(fig, f"A slider steps through the key blocks ({block_k} keys each) of the online softmax: the "
+                         "heatmap fills with the scores read so far; the bars show each query's log-sum-exp so "
+                         "far, which grows and reaches the final value (black ticks) at the last step; the diamonds "
+                         "show the running maximum.")
+
+
+def lookup_figure(weights: dict, targets) -> go.Figure:
+    """Heatmaps of attention weights (T, S) for several methods, with buttons to switch between them
+    (works with no kernel); white circles mark each query's target key. Source: chapter 08 (claim 18)."""
+    targets = np.asarray(targets)
+    fig = go.Figure()
+    names = list(weights)
+    for j, name in enumerate(names):
+        w = np.asarray(weights[name], dtype=float)
+        fig.add_trace(go.Heatmap(z=np.round(w, 3), colorscale=COLORSCALE, zmin=0, zmax=1, visible=j == 0,
+                                 colorbar={"title": "weight"}, name=name,
+                                 hovertemplate="query %{y}, key %{x}: %{z}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=targets.tolist(), y=list(range(len(targets))), mode="markers", name="target key",
+                             marker={"symbol": "circle-open", "size": 7, "color": "white", "line": {"width": 1.5}}))
+    buttons = []
+    for j, name in enumerate(names):
+        visible = [i == j for i in range(len(names))] + [True]
+        buttons.append({"label": name, "method": "update", "args": [{"visible": visible}, {"title": {"text": name}}]})
+    fig.update_layout(title=names[0], height=520, template="plotly_white",
+                      updatemenus=[{"type": "buttons", "direction": "right", "buttons": buttons, "x": 0.0, "y": 1.15,
+                                    "xanchor": "left"}], margin={"t": 100})
+    fig.update_xaxes(title_text="key position")
+    fig.update_yaxes(title_text="query position", autorange="reversed")
+    return describe(fig, f"Attention weights of a sharp lookup task for {', '.join(names)} (buttons switch); circles "
+                         "mark the key each query should find. Exact attention puts its weight on the circles; "
+                         "the window cannot reach circles far from the diagonal; linear attention spreads its weight.")

@@ -1,0 +1,99 @@
+"""Exercise checks of chapter 08: the reference solutions pass, typical mistakes get the right words."""
+
+import numpy as np
+import torch
+
+from selfattn.efficient import linear_attention, sliding_window_mask
+from selfattn.exercises import ch08
+
+
+def solution_recurrent(q, k, v):
+    phi_q, phi_k = ch08.elu_plus_one(q), ch08.elu_plus_one(k)
+    state, z, out = np.zeros((q.shape[1], v.shape[1])), np.zeros(q.shape[1]), []
+    for i in range(q.shape[0]):
+        state = state + np.outer(phi_k[i], v[i])
+        z = z + phi_k[i]
+        out.append(phi_q[i] @ state / (phi_q[i] @ z + 1e-6))
+    return np.array(out)
+
+
+def test_reference_recurrent_solution_passes_and_matches_the_package():
+    assert ch08.check_linear_recurrent(solution_recurrent)
+    rng = np.random.default_rng(0)
+    q, k, v = rng.normal(size=(6, 3)), rng.normal(size=(6, 3)), rng.normal(size=(6, 2))
+    expected = linear_attention(*(torch.from_numpy(x) for x in (q, k, v)), causal=True).numpy()
+    np.testing.assert_allclose(solution_recurrent(q, k, v), expected, rtol=1e-10)
+
+
+def test_recurrent_non_causal_is_caught():
+    def non_causal(q, k, v):
+        phi_q, phi_k = ch08.elu_plus_one(q), ch08.elu_plus_one(k)
+        state, z = phi_k.T @ v, phi_k.sum(0)
+        return np.array([phi_q[i] @ state / (phi_q[i] @ z + 1e-6) for i in range(q.shape[0])])
+
+    feedback = ch08.check_linear_recurrent(non_causal)
+    assert not feedback and "after i" in feedback.message
+
+
+def test_recurrent_missing_normalizer_is_caught():
+    def no_norm(q, k, v):
+        phi_q, phi_k = ch08.elu_plus_one(q), ch08.elu_plus_one(k)
+        state, out = np.zeros((q.shape[1], v.shape[1])), []
+        for i in range(q.shape[0]):
+            state = state + np.outer(phi_k[i], v[i])
+            out.append(phi_q[i] @ state)
+        return np.array(out)
+
+    feedback = ch08.check_linear_recurrent(no_norm)
+    assert not feedback and "normalizer" in feedback.message
+
+
+def test_recurrent_without_feature_map_is_caught():
+    def raw(q, k, v):
+        state, z, out = np.zeros((q.shape[1], v.shape[1])), np.zeros(q.shape[1]), []
+        for i in range(q.shape[0]):
+            state, z = state + np.outer(k[i], v[i]), z + k[i]
+            out.append(q[i] @ state / (q[i] @ z + 1e-6))
+        return np.array(out)
+
+    feedback = ch08.check_linear_recurrent(raw)
+    assert not feedback and "feature map" in feedback.message
+
+
+def test_recurrent_not_attempted_and_crash():
+    def stub(q, k, v):
+        raise NotImplementedError
+
+    assert not ch08.check_linear_recurrent(stub).attempted
+    feedback = ch08.check_linear_recurrent(lambda q, k, v: q @ v)
+    assert not feedback and "raised" in feedback.message
+
+
+def test_window_solution_passes_and_equals_the_package():
+    def solution(T, window):
+        i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        return (j <= i) & (j > i - window)
+
+    assert ch08.check_sliding_window_mask(solution)
+    assert torch.equal(solution(9, 3), sliding_window_mask(9, 3))
+
+
+def test_window_off_by_one_two_sided_polarity_and_dtype_are_caught():
+    def off_by_one(T, w):
+        i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        return (j <= i) & (j >= i - w)
+
+    def two_sided(T, w):
+        i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        return (i - j).abs() < w
+
+    def reversed_polarity(T, w):
+        return ~sliding_window_mask(T, w)
+
+    def as_float(T, w):
+        return sliding_window_mask(T, w).float()
+
+    for fn, words in ((off_by_one, "Off by one"), (two_sided, "two-sided"), (reversed_polarity, "polarity"),
+                      (as_float, "boolean")):
+        feedback = ch08.check_sliding_window_mask(fn)
+        assert not feedback and words in feedback.message, (fn.__name__, feedback.message)

@@ -1,0 +1,95 @@
+"""Exercise checks of chapter 09: the reference solutions pass, typical mistakes get the right words."""
+
+import numpy as np
+
+from selfattn.exercises import ch09
+
+
+def solution_merge(m1, l1, m2, l2):
+    m = np.maximum(m1, m2)
+    shift = np.where(np.isfinite(m), m, 0.0)  # a row that has seen nothing: avoid -inf - -inf
+    return m, l1 * np.exp(m1 - shift) + l2 * np.exp(m2 - shift)
+
+
+def solution_online(q, k, v, block_size):
+    m, l = np.full(q.shape[0], -np.inf), np.zeros(q.shape[0])
+    acc = np.zeros((q.shape[0], v.shape[1]))
+    for start in range(0, k.shape[0], block_size):
+        s = q @ k[start:start + block_size].T / np.sqrt(q.shape[1])
+        m_new = np.maximum(m, s.max(axis=-1))
+        p = np.exp(s - m_new[:, None])
+        correction = np.exp(m - m_new)
+        l = l * correction + p.sum(axis=-1)
+        acc = acc * correction[:, None] + p @ v[start:start + block_size]
+        m = m_new
+    return acc / l[:, None]
+
+
+def test_merge_solution_passes():
+    assert ch09.check_merge_states(solution_merge)
+
+
+def test_merge_without_rescaling_is_caught():
+    feedback = ch09.check_merge_states(lambda m1, l1, m2, l2: (np.maximum(m1, m2), l1 + l2))
+    assert not feedback and "without rescaling" in feedback.message
+
+
+def test_merge_nan_for_empty_block_is_caught():
+    def naive_shift(m1, l1, m2, l2):
+        m = np.maximum(m1, m2)
+        with np.errstate(invalid="ignore"):
+            return m, l1 * np.exp(m1 - m) + l2 * np.exp(m2 - m)  # -inf - -inf = nan for an empty row
+
+    def upside_down(m1, l1, m2, l2):
+        m = np.maximum(m1, m2)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return m, l1 * np.exp(m - m1) + l2 * np.exp(m - m2)
+
+    for fn in (naive_shift, upside_down):
+        feedback = ch09.check_merge_states(fn)
+        assert not feedback and "NaN or inf" in feedback.message, feedback.message
+
+
+def test_merge_wrong_max_and_wrong_type():
+    feedback = ch09.check_merge_states(lambda m1, l1, m2, l2: (m1 + m2, l1))
+    assert not feedback and "maximum m is wrong" in feedback.message
+    feedback = ch09.check_merge_states(lambda m1, l1, m2, l2: m1)
+    assert not feedback and "pair" in feedback.message
+
+
+def test_online_solution_passes():
+    assert ch09.check_online_attention(solution_online)
+
+
+def test_online_mistakes_are_named():
+    def no_rescale(q, k, v, b):
+        m, l, acc = np.full(q.shape[0], -np.inf), np.zeros(q.shape[0]), np.zeros((q.shape[0], v.shape[1]))
+        for start in range(0, k.shape[0], b):
+            s = q @ k[start:start + b].T / np.sqrt(q.shape[1])
+            m = np.maximum(m, s.max(-1))
+            p = np.exp(s - m[:, None])
+            l, acc = l + p.sum(-1), acc + p @ v[start:start + b]
+        return acc / l[:, None]
+
+    def drop_last(q, k, v, b):
+        n = (k.shape[0] // b) * b
+        return solution_online(q, k[:n], v[:n], b)
+
+    def per_block(q, k, v, b):
+        outs = []
+        for start in range(0, k.shape[0], b):
+            s = q @ k[start:start + b].T / np.sqrt(q.shape[1])
+            w = np.exp(s - s.max(-1, keepdims=True))
+            outs.append(w / w.sum(-1, keepdims=True) @ v[start:start + b])
+        return np.mean(outs, axis=0)
+
+    for fn, words in ((no_rescale, "exp(m_old - m_new)"), (drop_last, "last block"), (per_block, "normalised each")):
+        feedback = ch09.check_online_attention(fn)
+        assert not feedback and words in feedback.message, (fn.__name__, feedback.message)
+
+
+def test_online_not_attempted():
+    def stub(q, k, v, b):
+        raise NotImplementedError
+
+    assert not ch09.check_online_attention(stub).attempted
