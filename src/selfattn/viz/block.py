@@ -193,7 +193,7 @@ def depth_statistics_figure(
     fig = make_subplots(
         rows=1,
         cols=2,
-        subplot_titles=("size of the stream by depth", "its values at the chosen depth"),
+        subplot_titles=("RMS by depth", "values at the chosen depth"),
     )
     for i, trace in enumerate(traces(0)):
         fig.add_trace(trace, row=1, col=1 if i <= len(names) else 2)
@@ -207,7 +207,9 @@ def depth_statistics_figure(
         "transition": {"duration": 0},
     }
     fig.update_layout(
-        height=480, template="plotly_white", barmode="overlay",
+        height=520, template="plotly_white", barmode="overlay",
+        legend={"orientation": "h", "x": 0.0, "y": 1.12, "xanchor": "left", "yanchor": "bottom"},
+        margin={"t": 110},
         xaxis={"title": "depth (blocks applied)"}, yaxis={"title": "RMS of the residual stream"},
         xaxis2={"title": "value", "range": [-limit, limit]}, yaxis2={"title": "fraction of values"},
         sliders=[{"active": 0, "currentvalue": {"prefix": "depth: "}, "pad": {"t": 50},
@@ -288,11 +290,11 @@ def branch_figure(sentences: dict[str, tuple[Sequence[str], dict[str, np.ndarray
     first_sentence, (first_tokens, first_measures) = next(iter(sentences.items()))
     first_measure = next(iter(first_measures))
     fig = branch_heatmap_figure(first_tokens, first_measures[first_measure], options[0][0])
-    fig.update_layout(
-        height=440, margin={"t": 110},
-        updatemenus=[{"type": "dropdown", "x": 0.0, "y": 1.28, "xanchor": "left", "showactive": True,
-                      "buttons": [{"label": label, "method": "update", "args": [args, {"title": {"text": label}}]}
-                                  for label, args in options]}],
+    fig.update_layout(  # the menu's label names the view: no separate title
+        title={"text": ""}, height=440, margin={"t": 90},
+        updatemenus=[{"type": "dropdown", "name": "sentence and measure", "x": 0.0, "y": 1.04, "xanchor": "left", "yanchor": "bottom",
+                      "showactive": True,
+                      "buttons": [{"label": label, "method": "restyle", "args": [args]} for label, args in options]}],
     )  # fmt: skip
     return describe(
         fig,

@@ -205,14 +205,15 @@ def layer_head_explorer_figure(tokens: Sequence[str], weights, sentence: str = "
         "transition": {"duration": 0},
     }
     fig.update_layout(
-        height=fig.layout.height + 120,
-        margin={"b": 150},
+        height=fig.layout.height + 160,
+        margin={"t": 140, "b": 150},
+        title={"y": 0.98, "yanchor": "top", "yref": "container"},
         sliders=[{
             "active": 0, "y": -0.12, "len": 1.0, "currentvalue": {"prefix": "layer and head: "},
             "steps": [{"label": n, "method": "animate", "args": [[n], jump]} for n in names],
         }],
         updatemenus=[{
-            "type": "buttons", "direction": "right", "showactive": False, "x": 0.0, "y": 1.12,
+            "type": "buttons", "name": "jump to layer", "direction": "right", "showactive": False, "x": 0.0, "y": 1.03,
             "xanchor": "left", "yanchor": "bottom",
             "buttons": [{"label": f"layer {layer + 1}", "method": "animate",
                          "args": [[names[layer * H]], jump]} for layer in range(L)],
@@ -229,7 +230,7 @@ def layer_head_explorer_figure(tokens: Sequence[str], weights, sentence: str = "
 def head_summary_figure(
     measures: dict[str, np.ndarray], title: str = "one number per head"
 ) -> go.Figure:
-    """A layer-by-head grid of one measure at a time, with buttons over the measures (no kernel needed).
+    """A layer-by-head grid of one measure at a time, with a menu over the measures (no kernel needed).
 
     Args:
         measures: ``{name: (L, H) array}``, e.g. entropy, share of weight on [CLS].
@@ -266,10 +267,11 @@ def head_summary_figure(
         hovertemplate="%{y} %{x}: %{z:.3f}<extra></extra>",
     ))  # fmt: skip
     fig.update_layout(
-        title=f"{title}: {names[0]}", height=420, template="plotly_white",
+        title={"text": f"{title}: {names[0]}", "y": 0.97, "yanchor": "top", "yref": "container"},
+        height=460, template="plotly_white", margin={"t": 120},
         xaxis={"title": "head"}, yaxis={"title": "layer", "autorange": "reversed"},
         updatemenus=[{
-            "type": "buttons", "direction": "right", "x": 0.0, "y": 1.18, "xanchor": "left",
+            "type": "dropdown", "name": "measure", "direction": "down", "x": 0.0, "y": 1.04, "xanchor": "left", "yanchor": "bottom",
             "buttons": [{"label": name, "method": "update",
                          "args": [trace_args(name), {"title": {"text": f"{title}: {name}"}}]}
                         for name in names],
