@@ -20,3 +20,14 @@ def test_bench_quick_prints_tables():
     rows = [line for line in out.splitlines() if line.startswith("| 256 |") or line.startswith("| 512 |")]
     assert len(rows) == 8  # 2 sizes x causal or not, in each of the two tables
     assert "GFLOP/s" in out and "## Targets" in out
+
+
+def test_gpu_check_says_clearly_when_there_is_no_gpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present: the GPU check is run by hand (it writes bench/results/)")
+    script = BENCH.parent / "gpu_check.py"
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "no CUDA GPU" in run.stdout
