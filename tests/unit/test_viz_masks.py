@@ -14,6 +14,7 @@ from selfattn.viz.masks import (
     loss_curves_figure,
     mask_gallery_figure,
     mask_heatmap,
+    padding_drift_figure,
     weights_heatmap,
 )
 
@@ -72,3 +73,12 @@ def test_loss_curves_figure():
     assert "baseline 2.50" in figure_description(fig)
     with pytest.raises(ValueError, match="at least one"):
         loss_curves_figure({}, {})
+
+
+def test_padding_drift_figure():
+    fig = padding_drift_figure([0, 5], {"masked": [1.0, 1.0], "unmasked": [0.9, 0.5]}, y_title="cosine")
+    assert len(fig.data) == 2
+    np.testing.assert_allclose(np.asarray(fig.data[1].y), [0.9, 0.5])
+    assert "unmasked: 0.900 with 0 and 0.500 with 5" in figure_description(fig)
+    with pytest.raises(ValueError, match="one per entry of n_pads"):
+        padding_drift_figure([0, 5], {"a": [1.0]}, y_title="cosine")

@@ -21,6 +21,7 @@ __all__ = [
     "heatmap_slider_figure",
     "future_change_figure",
     "loss_curves_figure",
+    "padding_drift_figure",
 ]
 
 _MASK_COLORS = [
@@ -275,3 +276,37 @@ def loss_curves_figure(
     last = ", ".join(f"{k} ends at {np.mean(list(v)[-20:]):.2f}" for k, v in curves.items())
     lv = ", ".join(f"{k} {v:.2f}" for k, v in levels.items())
     return describe(fig, f"Line chart of the training loss per step: {last}. Dashed levels: {lv}.")
+
+
+def padding_drift_figure(
+    n_pads: Sequence[int], series: Mapping[str, Sequence[float]], *, y_title: str
+) -> go.Figure:
+    """How a quantity moves as padding is added to a batch: one line per ``series`` entry.
+
+    Args:
+        n_pads: the numbers of padding tokens added (x axis).
+        series: ``{label: values}``, one value per entry of ``n_pads``.
+        y_title: what the values are (e.g. "cosine to the unpadded sentence vector").
+
+    Raises:
+        ValueError: no series, or a series whose length differs from ``n_pads``.
+
+    Source: chapter 05.
+    """
+    if not series or any(len(v) != len(n_pads) for v in series.values()):
+        raise ValueError(
+            f"series must hold one or more lists of {len(n_pads)} values (one per entry of n_pads)"
+        )
+    colours = ["#0072B2", "#E69F00", "#009E73", "#CC79A7"]
+    fig = go.Figure()
+    for i, (label, values) in enumerate(series.items()):
+        fig.add_trace(go.Scatter(x=list(n_pads), y=list(values), mode="lines+markers", name=label,
+                                 line={"color": colours[i % len(colours)], "dash": "solid" if i == 0 else "dash"}))  # fmt: skip
+    fig.update_layout(title=f"{y_title} as padding is added", xaxis_title="padding tokens added to the batch",
+                      yaxis_title=y_title, template="plotly_white", height=420,
+                      legend={"orientation": "h", "y": -0.25})  # fmt: skip
+    ends = "; ".join(f"{k}: {v[0]:.3f} with {n_pads[0]} and {v[-1]:.3f} with {n_pads[-1]} padding tokens"
+                     for k, v in series.items())  # fmt: skip
+    return describe(
+        fig, f"Line chart of {y_title} against the number of padding tokens added. {ends}."
+    )

@@ -1,0 +1,125 @@
+"""Claim 11 (chapter 05): cross-attention is the same mechanism with queries from one sequence and
+keys/values from another; with a padding mask, real tokens do not see (or change with) padding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import selfattn
+from selfattn.multihead import MultiHeadAttention
+
+SENTENCES = [
+    "The chef added salt because the soup tasted bland.",
+    "It was fine.",
+    "Padding must not change a thing.",
+]
+
+
+def test_claim_11_cross_attention_is_the_same_function():
+    gen = torch.Generator().manual_seed(0)
+    B, H, T, S, Dh = 2, 3, 4, 7, 8
+    q = torch.randn(B, H, T, Dh, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(B, H, S, Dh, generator=gen, dtype=torch.float64) for _ in range(2))
+    context, weights = selfattn.scaled_dot_product_attention(q, k, v, return_weights=True)
+    assert context.shape == (B, H, T, Dh) and weights.shape == (B, H, T, S)
+    # Oracles: torch's own attention and the NumPy reference, with T != S.
+    torch.testing.assert_close(
+        context, torch.nn.functional.scaled_dot_product_attention(q, k, v), rtol=0, atol=1e-12
+    )
+    np.testing.assert_allclose(
+        context.numpy(),
+        selfattn.ref.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy()),
+        rtol=0,
+        atol=1e-12,
+    )
+    torch.testing.assert_close(
+        weights.sum(-1), torch.ones(B, H, T, dtype=torch.float64), rtol=0, atol=1e-12
+    )
+
+    # The module: MultiHeadAttention(x_q, x_kv) equals nn.MultiheadAttention(query, key=value=x_kv).
+    torch.manual_seed(0)
+    torch_mha = torch.nn.MultiheadAttention(16, 4, batch_first=True, dtype=torch.float64).eval()
+    mha = MultiHeadAttention.from_torch(torch_mha).eval()
+    x_q = torch.randn(2, 5, 16, generator=gen, dtype=torch.float64)
+    x_kv = torch.randn(2, 9, 16, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        out, w = mha(x_q, x_kv, return_weights=True)
+        expected, expected_w = torch_mha(
+            x_q, x_kv, x_kv, need_weights=True, average_attn_weights=False
+        )
+        torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
+        torch.testing.assert_close(w, expected_w, rtol=0, atol=1e-10)
+        assert out.shape == (2, 5, 16) and w.shape == (2, 4, 5, 9)
+        # Self-attention is the special case x_kv = x_q.
+        torch.testing.assert_close(mha(x_q), mha(x_q, x_q), rtol=0, atol=0)
+        # Queries do not change the keys and values: a change in query row 0 moves output row 0 only.
+        changed = x_q.clone()
+        changed[:, 0] += 1.0
+        moved = (mha(changed, x_kv) - out).abs().amax(dim=(0, 2))  # (T,)
+        assert moved[0] > 1e-3 and moved[1:].max() == 0
+        # The keys and values do come from x_kv: changing it changes every output row.
+        assert (mha(x_q, x_kv + 1.0) - out).abs().amax(dim=(0, 2)).min() > 1e-3
+
+
+def test_claim_11_padding_does_not_change_real_tokens(minilm):
+    encoder = minilm.encoder()
+    batch = minilm.tokenize(SENTENCES)
+    lengths = batch.attention_mask.sum(dim=1)
+    assert torch.equal(
+        selfattn.padding_mask(lengths, batch.input_ids.shape[1]),
+        selfattn.from_hf_attention_mask(batch.attention_mask),
+    )
+    with torch.no_grad():
+        reference = encoder(batch.input_ids, batch.attention_mask, output_weights=True)
+        for extra in (1, 5, 20):
+            ids = torch.nn.functional.pad(
+                batch.input_ids, (0, extra), value=minilm.config.pad_token_id
+            )
+            mask01 = torch.nn.functional.pad(batch.attention_mask, (0, extra), value=0)
+            masked = encoder(ids, mask01, output_weights=True)
+            unmasked = encoder(ids).last_hidden_state
+            for b, L in enumerate(lengths.tolist()):
+                got = masked.last_hidden_state[b, :L]
+                assert torch.isfinite(got).all()
+                torch.testing.assert_close(
+                    got, reference.last_hidden_state[b, :L], rtol=0, atol=1e-5
+                )
+                assert (unmasked[b, :L] - reference.last_hidden_state[b, :L]).abs().max() > 0.1
+                for (
+                    layer_weights
+                ) in masked.weights:  # padding keys get exactly zero weight in every layer
+                    assert layer_weights[b, :, :, L:].abs().max() == 0
+
+
+def test_claim_11_mean_pooling_needs_the_mask(minilm):
+    encoder = minilm.encoder()
+    batch = minilm.tokenize(SENTENCES)
+    short = 1
+    with torch.no_grad():
+        alone = (
+            encoder(minilm.tokenize(SENTENCES[short]).input_ids).last_hidden_state[0].mean(dim=0)
+        )
+        plain = []
+        for extra in (0, 5, 20):
+            ids = torch.nn.functional.pad(
+                batch.input_ids, (0, extra), value=minilm.config.pad_token_id
+            )
+            mask01 = torch.nn.functional.pad(batch.attention_mask, (0, extra), value=0)
+            hidden = encoder(ids, mask01).last_hidden_state[short]
+            real = mask01[short].to(hidden.dtype)[:, None]
+            masked_mean = (hidden * real).sum(dim=0) / real.sum()
+            cos = torch.nn.functional.cosine_similarity(masked_mean, alone, dim=0)
+            assert float(cos) == pytest.approx(1.0, abs=1e-6)
+            plain.append(
+                float(torch.nn.functional.cosine_similarity(hidden.mean(dim=0), alone, dim=0))
+            )
+    assert plain[0] < 0.9 and plain[-1] < 0.5 and plain[0] > plain[1] > plain[2]
+    # The library's sentence embedding pools over the real tokens only.
+    torch.testing.assert_close(
+        minilm.sentence_embedding(SENTENCES)[short],
+        torch.nn.functional.normalize(alone, dim=0),
+        rtol=0,
+        atol=1e-5,
+    )
