@@ -74,12 +74,8 @@ def test_claim_14_silent_branches_make_pre_norm_the_identity(rng):
     pre, post = _random_blocks()
     with torch.no_grad():
         for b in (pre, post):
-            (
-                b.attn.W_O.zero_(),
-                b.attn.b_O.zero_(),
-                b.ffn.linear2.weight.zero_(),
-                b.ffn.linear2.bias.zero_(),
-            )
+            for silenced in (b.attn.W_O, b.attn.b_O, b.ffn.linear2.weight, b.ffn.linear2.bias):
+                silenced.zero_()
         x = torch.from_numpy(rng.normal(size=(2, 5, 16)))
         torch.testing.assert_close(pre(x), x, atol=0, rtol=0)
         p = _params(post)
@@ -158,10 +154,12 @@ def test_claim_14_encoder_reproduces_transformers_on_the_chapter_sentences(minil
     real = ours.batch.attention_mask.bool()
     assert len(ours.hidden_states) == len(theirs.hidden_states) == 7
     for a, b in zip(ours.hidden_states, theirs.hidden_states, strict=True):
-        torch.testing.assert_close(a[real], b[real], atol=1e-5, rtol=0)  # the chapter: about 5e-6
+        torch.testing.assert_close(
+            a[real], b[real], atol=2e-5, rtol=0
+        )  # the chapter: about 5e-6, rounding-sized
     for a, b in zip(ours.weights, theirs.attentions, strict=True):
         torch.testing.assert_close(
-            a.transpose(1, 2)[real], b.transpose(1, 2)[real], atol=1e-5, rtol=0
+            a.transpose(1, 2)[real], b.transpose(1, 2)[real], atol=2e-5, rtol=0
         )
 
 
