@@ -1,0 +1,83 @@
+"""selfattn.checkpoint: safetensors round trip (tensors, config, outputs), metadata, refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from selfattn.checkpoint import load_checkpoint, read_metadata, save_checkpoint
+from selfattn.experiments.retrieval import RetrievalConfig, RetrievalModel
+from selfattn.models.gpt import GPT, GPTConfig
+
+
+def _gpt():
+    torch.manual_seed(0)
+    return GPT(
+        GPTConfig(vocab_size=11, block_size=8, d_model=16, n_heads=2, n_layers=2, d_ff=32)
+    ).eval()
+
+
+def test_round_trip_restores_every_tensor_the_config_and_the_outputs(tmp_path):
+    model = _gpt()
+    path = save_checkpoint(model, tmp_path / "sub" / "gpt.safetensors", extra={"corpus": "test"})
+    loaded = load_checkpoint(path, GPT, GPTConfig)
+    assert loaded.config == model.config and not loaded.training
+    a, b = model.state_dict(), loaded.state_dict()
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    ids = torch.randint(0, 11, (2, 8), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(loaded(ids), model(ids), rtol=0, atol=0)
+
+
+def test_metadata_holds_the_config_as_json_and_the_extras(tmp_path):
+    model = _gpt()
+    path = save_checkpoint(model, tmp_path / "gpt.safetensors", extra={"val_loss": "1.5"})
+    meta = read_metadata(path)
+    assert meta["format"] == "selfattn" and meta["model_class"] == "GPT"
+    assert meta["config_class"] == "TinyLMConfig"
+    assert json.loads(meta["config"])["d_model"] == 16
+    assert meta["val_loss"] == "1.5"
+    # The file is plain safetensors: the tensors read back with safetensors alone.
+    raw = load_file(str(path))
+    assert torch.equal(raw["lm_head.weight"], model.state_dict()["lm_head.weight"])
+
+
+def test_other_models_round_trip_too(tmp_path):
+    torch.manual_seed(0)
+    model = RetrievalModel(RetrievalConfig(d_model=8))
+    loaded = load_checkpoint(
+        save_checkpoint(model, tmp_path / "r.safetensors"), RetrievalModel, RetrievalConfig
+    )
+    for name, t in model.state_dict().items():
+        assert torch.equal(t, loaded.state_dict()[name]), name
+
+
+def test_refusals(tmp_path):
+    model = _gpt()
+    path = save_checkpoint(model, tmp_path / "gpt.safetensors")
+    with pytest.raises(ValueError, match="RetrievalModel"):
+        load_checkpoint(path, RetrievalModel, RetrievalConfig)
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        read_metadata(tmp_path / "missing.safetensors")
+    plain = tmp_path / "plain.safetensors"
+    save_file({"x": torch.zeros(2)}, str(plain))
+    with pytest.raises(ValueError, match="not a selfattn checkpoint"):
+        read_metadata(plain)
+    with pytest.raises(TypeError, match="nn.Module"):
+        save_checkpoint({"x": 1}, tmp_path / "x.safetensors")
+    with pytest.raises(TypeError, match="dataclass"):
+        save_checkpoint(torch.nn.Linear(2, 2), tmp_path / "x.safetensors")
+    with pytest.raises(ValueError, match="reserved"):
+        save_checkpoint(model, tmp_path / "x.safetensors", extra={"config": "{}"})
+    # A state dict that does not fit the config is refused, not half-loaded.
+    meta = read_metadata(path)
+    tensors = load_file(str(path))
+    del tensors["lm_head.bias"]
+    broken = tmp_path / "broken.safetensors"
+    save_file(tensors, str(broken), metadata=meta)
+    with pytest.raises(RuntimeError, match="lm_head.bias"):
+        load_checkpoint(broken, GPT, GPTConfig)
