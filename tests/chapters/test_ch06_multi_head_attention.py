@@ -113,7 +113,7 @@ def test_claim_09_a_word_attends_to_specific_positions_in_specific_heads(maps):
         uniform = 1.0 / len(tokens)
         best = tuple(int(i) + 1 for i in np.unravel_index(to_key.argmax(), to_key.shape))
         assert best == (layer, head)
-        assert to_key.max() > 4 * uniform  # the chapter: 0.49 and 0.68
+        assert to_key.max() > max(4 * uniform, 0.45)  # the chapter: 0.49 ("almost half") and 0.68
         assert np.median(to_key) < uniform  # ... while most heads give it less than uniform
 
 
