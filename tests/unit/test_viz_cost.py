@@ -1,0 +1,60 @@
+"""Figure builders of chapters 08-09: data, frames and descriptions."""
+
+import numpy as np
+import pytest
+
+from selfattn import ref
+from selfattn.viz import figure_description
+from selfattn.viz.cost import (
+    lookup_figure,
+    scaling_figure,
+    scaling_view,
+    tiles_data,
+    tiles_figure,
+    tiles_view,
+)
+
+
+def test_scaling_view_reports_the_fitted_slope_in_the_legend():
+    fig = scaling_view([1, 2, 4], {"quadratic": [3, 12, 48], "partial": [1, None, 4]}, "memory", "MiB")
+    assert fig.data[0].name == "quadratic (slope 2.00)"
+    assert fig.data[1].name == "partial (slope 1.00)" and list(fig.data[1].x) == [1, 4]
+    assert fig.layout.xaxis.type == "log" and figure_description(fig)
+
+
+def test_scaling_figure_buttons_show_one_panel_at_a_time():
+    fig = scaling_figure([1, 2], {"time": ({"a": [1, 4], "b": [1, 2]}, "s"), "memory": ({"a": [1, 2]}, "MiB")})
+    buttons = fig.layout.updatemenus[0].buttons
+    assert [b.label for b in buttons] == ["time", "memory"]
+    assert buttons[0].args[0]["visible"] == [True, True, False]
+    assert buttons[1].args[0]["visible"] == [False, False, True]
+    assert [t.visible for t in fig.data] == [True, True, False]
+
+
+def test_tiles_data_ends_at_the_log_sum_exp_of_each_row():
+    scores = np.random.default_rng(0).normal(size=(3, 10))
+    steps = tiles_data(scores, 4)
+    assert [s["seen"] for s in steps] == [0, 4, 8, 10]
+    assert np.all(np.isneginf(steps[0]["lse"]))
+    np.testing.assert_allclose(steps[-1]["lse"], np.log(np.exp(scores).sum(-1)), rtol=1e-14)
+    np.testing.assert_allclose(steps[-1]["m"], scores.max(-1))
+    np.testing.assert_allclose(np.exp(scores - steps[-1]["lse"][:, None]), ref.softmax(scores), rtol=1e-13)
+
+
+def test_tiles_figure_has_one_frame_per_step_and_small_json():
+    scores = np.random.default_rng(1).normal(size=(6, 12))
+    fig = tiles_figure(scores, 4)
+    assert len(fig.frames) == 4 and len(fig.layout.sliders[0].steps) == 4
+    assert len(fig.to_json()) < 300_000
+    view = tiles_view(scores, 4, 2)
+    assert view.layout.title.text == "after reading keys 0..7 of 12"
+    with pytest.raises(ValueError, match="step must be in"):
+        tiles_view(scores, 4, 9)
+
+
+def test_lookup_figure_buttons_and_targets():
+    w = np.eye(5)
+    fig = lookup_figure({"exact": w, "window": w * 0.5}, np.arange(5))
+    assert [b.label for b in fig.layout.updatemenus[0].buttons] == ["exact", "window"]
+    assert fig.layout.updatemenus[0].buttons[1].args[0]["visible"] == [False, True, True]
+    assert "circles mark the key each query should find" in figure_description(fig)
