@@ -95,3 +95,9 @@ def test_masked_softmax_catches_no_mask_and_reversed_polarity():
 def test_masked_softmax_catches_rows_that_do_not_sum_to_one():
     feedback = ch04.check_masked_softmax(lambda s, k: 0.5 * selfattn.masked_softmax(s, k))
     assert not feedback and "sum to 1" in feedback.message
+
+
+def test_masked_softmax_rejects_right_shape_wrong_values():
+    # Masked correctly, rows sum to one, but the scores were halved (a temperature of 2).
+    feedback = ch04.check_masked_softmax(lambda s, k: selfattn.masked_softmax(s / 2, k))
+    assert not feedback and "wrong values" in feedback.message

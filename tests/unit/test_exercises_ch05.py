@@ -95,3 +95,8 @@ def test_cross_attention_catches_weights_scale_and_axis():
 
     feedback = ch05.check_cross_attention(wrong_axis)
     assert not feedback and "wrong axis" in feedback.message
+
+
+def test_cross_attention_rejects_right_shape_wrong_values():
+    feedback = ch05.check_cross_attention(lambda *args: _cross(*args) + 0.5)
+    assert not feedback and "wrong values" in feedback.message

@@ -82,3 +82,10 @@ def test_padding_drift_figure():
     assert "unmasked: 0.900 with 0 and 0.500 with 5" in figure_description(fig)
     with pytest.raises(ValueError, match="one per entry of n_pads"):
         padding_drift_figure([0, 5], {"a": [1.0]}, y_title="cosine")
+
+
+def test_mask_gallery_uses_a_drop_down_beyond_four_masks():
+    masks = {f"causal {T}": selfattn.causal_mask(T) for T in range(1, 7)}
+    menu = mask_gallery_figure(masks).layout.updatemenus[0]
+    assert menu.type == "dropdown" and len(menu.buttons) == 6
+    assert mask_gallery_figure(dict(list(masks.items())[:4])).layout.updatemenus[0].type == "buttons"

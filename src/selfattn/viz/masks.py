@@ -82,7 +82,7 @@ def mask_heatmap(
 
 
 def mask_gallery_figure(masks: Mapping[str, object]) -> go.Figure:
-    """Several masks in one figure with one button each (works without a kernel).
+    """Several masks in one figure, one button (or drop-down entry, beyond four) each; no kernel needed.
 
     Args:
         masks: ``{button label: 2-D boolean mask}``, at least one; masks may differ in shape.
@@ -109,8 +109,9 @@ def mask_gallery_figure(masks: Mapping[str, object]) -> go.Figure:
     T, S = arrays[labels[0]].shape
     fig.update_layout(
         title=f"{labels[0]}: T={T} queries, S={S} keys",
-        updatemenus=[{"type": "buttons", "direction": "right", "x": 0.0, "y": 1.3, "xanchor": "left",
-                      "showactive": True, "buttons": buttons}],
+        # A row of buttons while they fit the page's width; a drop-down menu beyond four masks.
+        updatemenus=[{"type": "buttons" if len(buttons) <= 4 else "dropdown", "direction": "right" if len(buttons) <= 4 else "down",
+                      "x": 0.0, "y": 1.3, "xanchor": "left", "yanchor": "top", "showactive": True, "buttons": buttons}],
     )  # fmt: skip
     _axes(fig)
     fig.update_layout(margin={"t": 140})
