@@ -194,7 +194,7 @@ def check_nearest_tokens(fn):
     ids = [int(x) for x in arr]
     unit = directions.numpy()
     cos = unit @ unit[i]  # (V, D) @ (D,) -> (V,)
-    order = [j for j in np.argsort(-cos, kind="stable") if j != i]
+    order = [int(j) for j in np.argsort(-cos, kind="stable") if j != i]  # plain ints: they are printed
     dots = table.numpy() @ table.numpy()[i]
     if ids == order[:k]:
         return passed(
