@@ -76,7 +76,9 @@ def test_loss_curves_figure():
 
 
 def test_padding_drift_figure():
-    fig = padding_drift_figure([0, 5], {"masked": [1.0, 1.0], "unmasked": [0.9, 0.5]}, y_title="cosine")
+    fig = padding_drift_figure(
+        [0, 5], {"masked": [1.0, 1.0], "unmasked": [0.9, 0.5]}, y_title="cosine"
+    )
     assert len(fig.data) == 2
     np.testing.assert_allclose(np.asarray(fig.data[1].y), [0.9, 0.5])
     assert "unmasked: 0.900 with 0 and 0.500 with 5" in figure_description(fig)
@@ -84,8 +86,12 @@ def test_padding_drift_figure():
         padding_drift_figure([0, 5], {"a": [1.0]}, y_title="cosine")
 
 
-def test_mask_gallery_uses_a_drop_down_beyond_four_masks():
+def test_mask_gallery_uses_a_drop_down_when_buttons_do_not_fit():
     masks = {f"causal {T}": selfattn.causal_mask(T) for T in range(1, 7)}
     menu = mask_gallery_figure(masks).layout.updatemenus[0]
     assert menu.type == "dropdown" and len(menu.buttons) == 6
-    assert mask_gallery_figure(dict(list(masks.items())[:4])).layout.updatemenus[0].type == "buttons"
+    assert (
+        mask_gallery_figure(dict(list(masks.items())[:4])).layout.updatemenus[0].type == "buttons"
+    )
+    long = {f"a rather long label number {i}": selfattn.causal_mask(2) for i in range(3)}
+    assert mask_gallery_figure(long).layout.updatemenus[0].type == "dropdown"

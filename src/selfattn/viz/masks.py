@@ -55,7 +55,11 @@ def _axes(
 ) -> None:
     fig.update_xaxes(title=x_title, side="top", type="category")
     fig.update_yaxes(title=y_title, autorange="reversed", type="category", scaleanchor="x")
-    fig.update_layout(template="plotly_white", height=430, margin={"t": 110})
+    # The key axis sits on top, under the title: pin the title to the top edge and leave room for
+    # rotated tick labels (tokens) between them.
+    fig.update_layout(
+        template="plotly_white", height=470, margin={"t": 150}, title_y=0.98, title_yanchor="top"
+    )
 
 
 def mask_heatmap(
@@ -82,7 +86,8 @@ def mask_heatmap(
 
 
 def mask_gallery_figure(masks: Mapping[str, object]) -> go.Figure:
-    """Several masks in one figure, one button (or drop-down entry, beyond four) each; no kernel needed.
+    """Several masks in one figure, one button (or drop-down entry, when buttons would not fit) each;
+    no kernel needed.
 
     Args:
         masks: ``{button label: 2-D boolean mask}``, at least one; masks may differ in shape.
@@ -107,14 +112,17 @@ def mask_gallery_figure(masks: Mapping[str, object]) -> go.Figure:
                      {"title": {"text": f"{label}: T={T} queries, S={S} keys"}}],
         })  # fmt: skip
     T, S = arrays[labels[0]].shape
+    # A row of buttons while they fit the page's width (about 60 characters); a drop-down menu beyond.
+    fits = len(labels) <= 4 and sum(len(label) + 4 for label in labels) <= 60
     fig.update_layout(
         title=f"{labels[0]}: T={T} queries, S={S} keys",
-        # A row of buttons while they fit the page's width; a drop-down menu beyond four masks.
-        updatemenus=[{"type": "buttons" if len(buttons) <= 4 else "dropdown", "direction": "right" if len(buttons) <= 4 else "down",
-                      "x": 0.0, "y": 1.3, "xanchor": "left", "yanchor": "top", "showactive": True, "buttons": buttons}],
+        updatemenus=[{"type": "buttons" if fits else "dropdown", "direction": "right" if fits else "down",
+                      "x": 0.0, "y": 1.02, "xanchor": "left", "yanchor": "bottom", "showactive": True,
+                      "buttons": buttons}],
     )  # fmt: skip
     _axes(fig)
-    fig.update_layout(margin={"t": 140})
+    fig.update_xaxes(side="bottom")  # the controls sit above the grid, the key axis below it
+    fig.update_layout(margin={"t": 110})
     summary = "; ".join(f"{k} ({v.shape[0]} by {v.shape[1]}, {int(v.sum())} cells may attend)"
                         for k, v in arrays.items())  # fmt: skip
     return describe(
@@ -190,7 +198,7 @@ def heatmap_slider_figure(
         }],
     )  # fmt: skip
     _axes(fig)
-    fig.update_layout(height=480)
+    fig.update_layout(height=520)
     shapes = ", ".join(
         f"{lab}: {m.shape[0]}x{m.shape[1]}" for lab, m in zip(labels, mats, strict=True)
     )
