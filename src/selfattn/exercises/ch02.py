@@ -105,7 +105,7 @@ def check_scaled_scores(fn):
     for candidate, message in wrong:
         if np.allclose(arr, candidate, atol=1e-9):
             return failed(ex, message)
-    bad = compare_arrays(ex, got, raw / math.sqrt(d_head), what="The scores")
+    bad = compare_arrays(ex, got, raw / math.sqrt(d_head), what="The score matrix")
     if bad is not None:
         return bad
     return passed(ex, "Q @ K.T / sqrt(Q.shape[-1]): the head's width, whatever the model's.")
