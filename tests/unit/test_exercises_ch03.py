@@ -82,3 +82,24 @@ def test_checks_reject_wrong_values():
     assert not fb.ok and "wrong values" in fb.message
     fb = ch03.check_weighted_sum(lambda w, V: w @ V + 0.1)
     assert not fb.ok and "wrong values" in fb.message
+
+
+def test_attention_catches_mixing_the_keys():
+    fb = ch03.check_attention(lambda Q, K, V: ref.softmax(Q @ K.T / math.sqrt(Q.shape[-1])) @ K)
+    assert not fb.ok and "mixed the key rows" in fb.message, fb.message
+
+
+def test_weighted_sum_catches_a_mean_of_the_scaled_rows():
+    fb = ch03.check_weighted_sum(lambda w, V: (w[:, None] * V).mean(axis=0))
+    assert not fb.ok and "divided by S" in fb.message, fb.message
+
+
+def test_checks_accept_float32_torch_and_einsum_answers():
+    import torch
+
+    def attention_torch(Q, K, V):
+        Q, K, V = (torch.tensor(a, dtype=torch.float32) for a in (Q, K, V))
+        return torch.softmax(torch.einsum("td,sd->ts", Q, K) / Q.shape[-1] ** 0.5, dim=-1) @ V
+
+    assert ch03.check_attention(attention_torch)
+    assert ch03.check_weighted_sum(lambda w, V: torch.tensor(w, dtype=torch.float32) @ torch.tensor(V, dtype=torch.float32))

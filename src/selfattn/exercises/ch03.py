@@ -39,6 +39,9 @@ def check_attention(fn):
             (ref.softmax((K @ Q.T) * scale) @ V,
              "Your score matrix is K Q^T (one row per key); the scores are Q K^T, one row per query."),
             (raw * scale @ V, "You skipped the softmax: the scores must become weights before they mix the values."),
+            (ref.softmax(raw * scale) @ K,
+             "You mixed the key rows: keys only decide the weights; the context is a weighted sum of the value "
+             "rows, weights @ V."),
         ]
         for candidate, message in wrong:
             if np.allclose(arr, candidate, atol=1e-9):
@@ -87,6 +90,8 @@ def check_weighted_sum(fn):
                     "weighted sum is w @ V = sum_j w[j] * V[j]."),
             (V.mean(axis=0), "You averaged the value rows without the weights: scale row j by w[j] first."),
             (V.sum(axis=0), "You added the value rows without the weights: scale row j by w[j] first."),
+            ((w[:, None] * V).mean(axis=0), "You averaged the scaled rows (divided by S): the weights already sum "
+                                            "to one, so add the rows w[j] * V[j] up without dividing."),
         ]
         for candidate, message in wrong:
             if np.allclose(arr, candidate, atol=1e-9):
