@@ -97,3 +97,22 @@ def test_mha_catches_merge_without_transpose_and_missing_W_O():
 def test_mha_reports_a_wrong_return_type():
     fb = ch06.check_multi_head_attention(lambda X, *W: _mha(X, *W)[0])
     assert not fb.ok and "pair (out, weights)" in fb.message
+
+
+def test_mha_accepts_a_float32_answer():
+    # regression: a tolerance of 1e-9 rejected right answers computed in float32 ("largest error 5.6e-07")
+    def in_float32(X, W_Q, W_K, W_V, W_O, n_heads):
+        out, weights = _mha(*(t.float() for t in (X, W_Q, W_K, W_V, W_O)), n_heads)
+        return out, weights
+
+    fb = ch06.check_multi_head_attention(in_float32)
+    assert fb.ok, fb.message
+
+
+def test_mha_catches_transposed_weights():
+    def transposed(*args):
+        out, weights = _mha(*args)
+        return out, weights.transpose(-1, -2)
+
+    fb = ch06.check_multi_head_attention(transposed)
+    assert not fb.ok and "weights are transposed" in fb.message, fb.message

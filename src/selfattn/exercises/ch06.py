@@ -96,6 +96,11 @@ def _mha_variant(
     return (concat @ W["W_O"] if use_W_O else concat), weights
 
 
+# Float32 rounding (a right answer computed in float32 is off by ~1e-6 here) passes; every typical
+# mistake is off by far more than this.
+_ATOL, _RTOL = 1e-5, 1e-5
+
+
 @checker("6.2 multi-head attention")
 def check_multi_head_attention(fn):
     """``fn(X, W_Q, W_K, W_V, W_O, n_heads)`` -> ``(out (B, T, D), weights (B, H, T, T))`` for torch
@@ -117,29 +122,33 @@ def check_multi_head_attention(fn):
         for wrong_scale, words in ((1 / math.sqrt(_D), "you scaled by sqrt(d_model), not sqrt(d_head)"),
                                    (1.0, "you did not scale the scores at all")):  # fmt: skip
             _, w_bad = _mha_variant(Xn, Wn, _H, scale=wrong_scale)
-            if np.allclose(weights, w_bad, atol=1e-9):
+            if np.allclose(weights, w_bad, atol=_ATOL):
                 return failed(
                     ex,
                     f"The weights are off: {words}. Each head's scores are "
                     f"Q_h K_h^T / sqrt(d_head), with d_head = D / H = {_DH}.",
                 )
-    bad = compare_arrays(ex, weights, exp_weights, what="weights", atol=1e-9)
+    if weights is not None and weights.shape == exp_weights.shape and not np.allclose(weights, exp_weights, atol=_ATOL) \
+            and np.allclose(np.swapaxes(weights, -1, -2), exp_weights, atol=_ATOL):
+        return failed(ex, "Your weights are transposed: entry (t, s) must be how much query t reads key s, so each "
+                          "row (the last axis) is one query's distribution over the keys.")
+    bad = compare_arrays(ex, weights, exp_weights, what="weights", atol=_ATOL, rtol=_RTOL)
     if bad is not None:
         return bad
     if out is not None and out.shape == exp_out.shape:
         if np.allclose(
-            out, _mha_variant(Xn, Wn, _H, scale=None, merge_without_transpose=True)[0], atol=1e-9
+            out, _mha_variant(Xn, Wn, _H, scale=None, merge_without_transpose=True)[0], atol=_ATOL, rtol=_RTOL
         ):
             return failed(
                 ex,
                 "The weights are right but out is not: you merged the heads without transposing "
                 "back to (B, T, H, Dh) before reshaping to (B, T, D).",
             )
-        if np.allclose(out, _mha_variant(Xn, Wn, _H, scale=None, use_W_O=False)[0], atol=1e-9):
+        if np.allclose(out, _mha_variant(Xn, Wn, _H, scale=None, use_W_O=False)[0], atol=_ATOL, rtol=_RTOL):
             return failed(
                 ex, "out is the concatenation of the heads: multiply it by W_O as the last step."
             )
-    bad = compare_arrays(ex, out, exp_out, what="out", atol=1e-9)
+    bad = compare_arrays(ex, out, exp_out, what="out", atol=_ATOL, rtol=_RTOL)
     if bad is not None:
         return bad
     return passed(ex, "Project, split, attend per head with 1/sqrt(d_head), merge, then W_O.")
