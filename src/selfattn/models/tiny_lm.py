@@ -125,7 +125,8 @@ def blind_next_token_loss(
     (teacher-forced) loss; for a model that peeked at the future during training it is much larger.
 
     Args:
-        model: a :class:`TinyLM`. inputs, targets: (B, T) int64, ``targets`` the inputs shifted by 1.
+        model: a :class:`TinyLM`, on any device. inputs, targets: (B, T) int64, ``targets`` the
+            inputs shifted by 1 (moved to the model's device).
         causal: whether the model was trained with the causal mask.
 
     Returns:
@@ -135,10 +136,12 @@ def blind_next_token_loss(
     """
     from ..masks import causal_mask
 
+    device = model.lm_head.weight.device
+    inputs, targets = inputs.to(device), targets.to(device)
     T = inputs.shape[1]
     last_logits = []
     for t in range(T):
-        mask = causal_mask(t + 1) if causal else None
+        mask = causal_mask(t + 1, device=device) if causal else None
         last_logits.append(model(inputs[:, : t + 1], mask)[:, -1])  # (B, t + 1, V) -> (B, V)
     logits = torch.stack(last_logits, dim=1)  # T x (B, V) -> (B, T, V)
     return next_token_loss(logits, targets)
@@ -157,7 +160,8 @@ def train_next_token(
     """Train ``model`` to predict the next token of random windows of ``ids``; return the losses.
 
     Args:
-        model: a :class:`TinyLM` (trained in place, left in eval mode).
+        model: a :class:`TinyLM` (trained in place, left in eval mode), on any device; the batches
+            are moved to it.
         ids: 1-D int64 tensor, the encoded corpus.
         causal: pass ``selfattn.causal_mask(T)`` to every forward (True) or no mask at all (False).
         steps: number of AdamW steps (> 0). batch_size: windows per step, each ``block_size`` long.
@@ -176,7 +180,8 @@ def train_next_token(
 
     steps = require_positive_int("steps", steps)
     T = model.config.block_size
-    mask = causal_mask(T) if causal else None
+    device = model.lm_head.weight.device  # batches follow the model (CPU or GPU)
+    mask = causal_mask(T, device=device) if causal else None
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -185,8 +190,10 @@ def train_next_token(
     model.train()
     losses = []
     for _ in range(steps):
-        inputs, targets = random_windows(ids, batch_size, T, generator)
-        loss = next_token_loss(model(inputs, mask), targets)
+        inputs, targets = random_windows(
+            ids, batch_size, T, generator
+        )  # sampled on the CPU: reproducible
+        loss = next_token_loss(model(inputs.to(device), mask), targets.to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
