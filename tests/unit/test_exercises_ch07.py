@@ -87,3 +87,36 @@ def test_post_norm_block_catches_normalising_the_branch_then_adding():
 def test_post_norm_block_catches_a_missing_ffn():
     fb = ch07.check_post_norm_block(lambda x, attn, ffn, ln1, ln2: ln1(x + attn(x)))
     assert not fb.ok and "feed-forward sublayer" in fb.message
+
+
+def test_layer_norm_accepts_a_float32_answer():
+    # regression: a tolerance of 1e-9 rejected a right answer computed in float32 ("largest error 3.2e-07")
+    fb = ch07.check_layer_norm(lambda x, g, b, eps: _layer_norm(x.float(), g.float(), b.float(), eps))
+    assert fb.ok, fb.message
+
+
+def test_layer_norm_catches_a_missing_beta_or_gamma():
+    fb = ch07.check_layer_norm(lambda x, g, b, eps: _layer_norm(x, g, torch.zeros_like(b), eps))
+    assert not fb.ok and "did not add the shift beta" in fb.message, fb.message
+    fb = ch07.check_layer_norm(lambda x, g, b, eps: _layer_norm(x, torch.ones_like(g), b, eps))
+    assert not fb.ok and "did not multiply by the scale gamma" in fb.message, fb.message
+
+
+def test_post_norm_block_names_three_more_slips():
+    cases = [
+        (lambda x, attn, ffn, ln1, ln2: ln2(ffn(ln1(x + attn(x)))), "second residual connection is missing"),
+        (lambda x, attn, ffn, ln1, ln2: ln2(ln1(x + attn(x)) + ffn(x)), "feed-forward sublayer read x"),
+        (lambda x, attn, ffn, ln1, ln2: (lambda h: ln1(h + ffn(h)))(ln2(x + attn(x))), "ln1 and ln2 are swapped"),
+    ]
+    for wrong, words in cases:
+        fb = ch07.check_post_norm_block(wrong)
+        assert not fb.ok and words in fb.message, fb.message
+
+
+def test_post_norm_block_accepts_a_float32_answer():
+    def in_float32(x, attn, ffn, ln1, ln2):
+        h = ln1(x + attn(x)).float()
+        return ln2((h + ffn(h.double()).float()).double())
+
+    fb = ch07.check_post_norm_block(in_float32)
+    assert fb.ok, fb.message

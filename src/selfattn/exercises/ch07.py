@@ -15,6 +15,9 @@ from . import call_learner, checker, compare_arrays, failed, passed, to_numpy
 __all__ = ["check_layer_norm", "check_post_norm_block"]
 
 _EPS = 0.1  # large enough that where eps goes changes the result visibly
+# A right answer computed in float32 is off by ~3e-7 here and passes; every typical mistake is off by
+# far more than this.
+_ATOL = 1e-5
 
 
 def _layer_norm_inputs():
@@ -26,11 +29,14 @@ def _layer_norm_inputs():
     return x, gamma, beta
 
 
-def _layer_norm_variant(x, gamma, beta, *, axis=-1, ddof=0, eps_inside=True, affine=True):
+def _layer_norm_variant(x, gamma, beta, *, axis=-1, ddof=0, eps_inside=True, affine=True, use_gamma=True,
+                        use_beta=True):
     mean = x.mean(axis=axis, keepdims=True)
     std = x.std(axis=axis, ddof=ddof, keepdims=True)
     normed = (x - mean) / (np.sqrt(std**2 + _EPS) if eps_inside else std + _EPS)
-    return gamma * normed + beta if affine else normed
+    if not affine:
+        return normed
+    return (gamma if use_gamma else 1.0) * normed + (beta if use_beta else 0.0)
 
 
 @checker("7.1 layer normalization")
@@ -57,11 +63,13 @@ def check_layer_norm(fn):
                           "(torch.var(..., unbiased=False), or correction=0)."),
             ({"eps_inside": False}, "eps is in the wrong place: divide by sqrt(var + eps), not by std + eps."),
             ({"affine": False}, "The result is normalised but not scaled and shifted: multiply by gamma and add beta."),
+            ({"use_beta": False}, "You scaled by gamma but did not add the shift beta."),
+            ({"use_gamma": False}, "You added beta but did not multiply by the scale gamma."),
         ]  # fmt: skip
         for kwargs, words in mistakes:
-            if np.allclose(got, _layer_norm_variant(x, gamma, beta, **kwargs), atol=1e-9):
+            if np.allclose(got, _layer_norm_variant(x, gamma, beta, **kwargs), atol=_ATOL):
                 return failed(ex, words)
-    bad = compare_arrays(ex, got, expected, what="layer_norm(x, gamma, beta, eps)", atol=1e-9)
+    bad = compare_arrays(ex, got, expected, what="layer_norm(x, gamma, beta, eps)", atol=_ATOL, rtol=_ATOL)
     if bad is not None:
         return bad
     return passed(
@@ -136,11 +144,17 @@ def check_post_norm_block(fn):
                                                     "post-norm block the sum x + attn(x) is what gets normalised."),
             (to_numpy(ln1(X + attn(X))), "You stopped after the attention sublayer: the feed-forward sublayer "
                                          "h -> ln2(h + ffn(h)) is missing."),
+            (to_numpy(ln2(ffn(ln1(X + attn(X))))), "The second residual connection is missing: add h to ffn(h) "
+                                                   "before ln2, out = ln2(h + ffn(h))."),
+            (to_numpy(ln2(ln1(X + attn(X)) + ffn(X))), "The feed-forward sublayer read x; it must read h, the "
+                                                       "output of the attention sublayer: out = ln2(h + ffn(h))."),
+            (to_numpy((lambda h: ln1(h + ffn(h)))(ln2(X + attn(X)))), "ln1 and ln2 are swapped: ln1 belongs to the "
+                                                                       "attention sublayer, ln2 to the feed-forward one."),
         ]  # fmt: skip
         for wrong, words in mistakes:
-            if np.allclose(got, wrong, atol=1e-9):
+            if np.allclose(got, wrong, atol=_ATOL):
                 return failed(ex, words)
-    bad = compare_arrays(ex, got, expected, what="the block's output", atol=1e-9)
+    bad = compare_arrays(ex, got, expected, what="The block's output", atol=_ATOL, rtol=_ATOL)
     if bad is not None:
         return bad
     return passed(ex, "h = ln1(x + attn(x)); out = ln2(h + ffn(h)): add, then normalise, twice.")
