@@ -80,6 +80,15 @@ def test_claim_19_weights_norms_and_gradients_disagree_as_stated(measured):
     rho_edges = interpret.per_head_spearman(A.weights[5, [0, 9]][None], np.abs(edges)[None])[0]
     assert rho_edges[0] == pytest.approx(0.26, abs=0.08)
     assert rho_edges[1] == pytest.approx(0.89, abs=0.05)
+    # The strongest edge of 11 of the 12 last-layer heads points at [CLS]; in head 1 it is not the
+    # edge whose ablation matters most (rank 4), in head 10 (fell -> fell) it is.
+    T = len(tokens)
+    strongest = [int(np.argmax(A.weights[5, h])) % T for h in range(12)]
+    assert sum(j == 0 for j in strongest) >= 10
+    for k, agrees in ((0, False), (1, True)):
+        h = (0, 9)[k]
+        same = np.argmax(A.weights[5, h]) == np.argmax(np.abs(edges[k]))
+        assert same == agrees, h
 
 
 def test_claim_19_numbers_and_figures_are_reproducible(minilm, measured, one_thread):
