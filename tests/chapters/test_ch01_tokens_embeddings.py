@@ -89,7 +89,7 @@ def test_claim_02_output_vector_depends_on_context(trio, six):
     for v in (v_ours, v_theirs):
         cos = cosine_matrix(v[-1])  # (3, 3), last layer
         assert np.isfinite(cos).all()
-        assert cos[0, 1] < 0.80 and cos[0, 2] < 0.80  # measured 0.722 and 0.739
+        assert cos[0, 1] < 0.75 and cos[0, 2] < 0.75  # the text: 'below 0.75'; measured 0.722 and 0.739
     # with "bank" at the same position the input to layer 1 is identical, so any later difference
     # comes from the other words of the sentence
     *_, v_ours, v_theirs = six
@@ -105,6 +105,7 @@ def test_claim_10_same_word_receives_different_context(trio, six):
     ours, theirs, pos, v_ours, v_theirs = trio
     for v in (v_ours, v_theirs):
         cos = cosine_matrix(v[-1])
+        assert cos[1, 2] > 0.8  # the text: 'above 0.8'; measured 0.807
         assert cos[1, 2] - max(cos[0, 1], cos[0, 2]) > 0.04  # measured 0.807 - 0.739 = 0.068
     # the context read differs: in layer 1 (mean over heads), the content word "bank" reads most
     for weights in (ours.weights[0], theirs.attentions[0]):
@@ -122,3 +123,5 @@ def test_claim_10_same_word_receives_different_context(trio, six):
         river, money, across = cos[:3, :3][off].mean(), cos[3:, 3:][off].mean(), cos[:3, 3:].mean()
         assert (river + money) / 2 - across > 0.07  # measured 0.103
         assert min(river, money) - across > 0.02  # measured 0.040
+        # the averages the text quotes: river-money 0.73, river-river 0.89, money-money 0.77
+        np.testing.assert_allclose([across, river, money], [0.73, 0.89, 0.77], atol=0.01)
