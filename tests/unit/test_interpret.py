@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from scipy.stats import spearmanr
 
 from selfattn import interpret
 
@@ -158,13 +157,20 @@ def test_edge_attributions_against_autograd_and_finite_differences(setup):
     assert np.isfinite(A.grad_x_weight).all() and np.abs(A.grad_x_weight).max() > 0
 
 
-def test_spearman_matches_scipy_with_ties(rng):
+def test_spearman_against_the_classical_formula_and_a_tied_example(rng):
     a = rng.normal(size=50)
     b = a + rng.normal(size=50)
-    assert interpret.spearman(a, b) == pytest.approx(spearmanr(a, b).statistic, abs=1e-12)
-    a_tied = np.round(a, 0)
-    assert interpret.spearman(a_tied, b) == pytest.approx(spearmanr(a_tied, b).statistic, abs=1e-12)
+    # Without ties: rho = 1 - 6 sum d^2 / (n (n^2 - 1)), d the rank differences (Spearman 1904).
+    d = np.argsort(np.argsort(a)) - np.argsort(np.argsort(b))
+    expected = 1 - 6 * (d**2).sum() / (50 * (50**2 - 1))
+    assert interpret.spearman(a, b) == pytest.approx(expected, abs=1e-12)
+    # With ties, by hand: ranks of [1, 2, 2, 3] are [0, 1.5, 1.5, 3]; of [1, 3, 2, 4]: [0, 2, 1, 3].
+    ra, rb = np.array([0, 1.5, 1.5, 3]), np.array([0.0, 2, 1, 3])
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    tied = (ra * rb).sum() / np.sqrt((ra**2).sum() * (rb**2).sum())
+    assert interpret.spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(tied, abs=1e-12)
     assert interpret.spearman(a, a**3) == pytest.approx(1.0, abs=1e-12)
+    assert interpret.spearman(a, -a) == pytest.approx(-1.0, abs=1e-12)
     with pytest.raises(ValueError, match="constant"):
         interpret.spearman(np.ones(5), a[:5])
     with pytest.raises(ValueError, match="finite"):
