@@ -137,7 +137,7 @@ def test_claim_14_pre_norm_stream_grows_post_norm_stays():
         stack = stream_through([cls(config).eval() for _ in range(24)], x)
         rms[name] = np.array([np.sqrt(np.mean(s**2)) for s in stack])
     assert np.all(np.isfinite(rms["pre"])) and np.all(np.diff(rms["pre"]) > 0)
-    assert 4.0 < rms["pre"][-1] / rms["pre"][0] < 5.5  # the chapter: about 4.5 times
+    assert abs(rms["pre"][-1] / rms["pre"][0] - 4.5) < 0.3  # the chapter: "about 4.5 times"
     np.testing.assert_allclose(rms["post"][1:], 1.0, atol=1e-3)
 
 
@@ -172,6 +172,7 @@ def test_claim_14_real_layers_edit_the_stream(minilm):
         means.append({k: v.mean(axis=1) for k, v in m.items()})
     mean = {k: np.mean([m[k] for m in means], axis=0) for k in means[0]}  # (L,)
     assert all(np.isfinite(v).all() for v in mean.values())
-    assert np.all((mean["attention / stream"] > 0.2) & (mean["attention / stream"] < 0.7))
+    # the chapter: "between a fifth and two thirds"
+    assert np.all((mean["attention / stream"] > 0.2) & (mean["attention / stream"] < 2 / 3))
     assert np.all(mean["FFN / stream"] > mean["attention / stream"])
     assert np.all(mean["cos(input, output)"][:5] > 0.8) and mean["cos(input, output)"][5] < 0.75

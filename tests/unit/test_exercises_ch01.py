@@ -150,5 +150,8 @@ def test_nearest_explains_typical_mistakes(wrong, words):
 
 def test_nearest_names_the_right_ids_as_plain_ints():
     # regression: the message printed "[np.int64(6), ...]" instead of "[6, ...]"
-    fb = ch01.check_nearest_tokens(lambda t, i, k: torch.tensor([(i + 1 + j) % t.shape[0] for j in range(k)]))
-    assert not fb.ok and "np.int64" not in fb.message and "nearest ids to 3 are [" in fb.message, fb.message
+    fb = ch01.check_nearest_tokens(
+        lambda t, i, k: torch.tensor([(i + 1 + j) % t.shape[0] for j in range(k)])
+    )
+    assert not fb.ok and "np.int64" not in fb.message, fb.message
+    assert "nearest ids to 3 are [" in fb.message, fb.message

@@ -91,7 +91,9 @@ def test_post_norm_block_catches_a_missing_ffn():
 
 def test_layer_norm_accepts_a_float32_answer():
     # regression: a tolerance of 1e-9 rejected a right answer computed in float32 ("largest error 3.2e-07")
-    fb = ch07.check_layer_norm(lambda x, g, b, eps: _layer_norm(x.float(), g.float(), b.float(), eps))
+    fb = ch07.check_layer_norm(
+        lambda x, g, b, eps: _layer_norm(x.float(), g.float(), b.float(), eps)
+    )
     assert fb.ok, fb.message
 
 
@@ -104,9 +106,18 @@ def test_layer_norm_catches_a_missing_beta_or_gamma():
 
 def test_post_norm_block_names_three_more_slips():
     cases = [
-        (lambda x, attn, ffn, ln1, ln2: ln2(ffn(ln1(x + attn(x)))), "second residual connection is missing"),
-        (lambda x, attn, ffn, ln1, ln2: ln2(ln1(x + attn(x)) + ffn(x)), "feed-forward sublayer read x"),
-        (lambda x, attn, ffn, ln1, ln2: (lambda h: ln1(h + ffn(h)))(ln2(x + attn(x))), "ln1 and ln2 are swapped"),
+        (
+            lambda x, attn, ffn, ln1, ln2: ln2(ffn(ln1(x + attn(x)))),
+            "second residual connection is missing",
+        ),
+        (
+            lambda x, attn, ffn, ln1, ln2: ln2(ln1(x + attn(x)) + ffn(x)),
+            "feed-forward sublayer read x",
+        ),
+        (
+            lambda x, attn, ffn, ln1, ln2: (lambda h: ln1(h + ffn(h)))(ln2(x + attn(x))),
+            "ln1 and ln2 are swapped",
+        ),
     ]
     for wrong, words in cases:
         fb = ch07.check_post_norm_block(wrong)

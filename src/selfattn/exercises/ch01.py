@@ -194,7 +194,8 @@ def check_nearest_tokens(fn):
     ids = [int(x) for x in arr]
     unit = directions.numpy()
     cos = unit @ unit[i]  # (V, D) @ (D,) -> (V,)
-    order = [int(j) for j in np.argsort(-cos, kind="stable") if j != i]  # plain ints: they are printed
+    # plain ints: they are printed in the feedback
+    order = [int(j) for j in np.argsort(-cos, kind="stable") if j != i]
     dots = table.numpy() @ table.numpy()[i]
     if ids == order[:k]:
         return passed(

@@ -128,23 +128,35 @@ def check_multi_head_attention(fn):
                     f"The weights are off: {words}. Each head's scores are "
                     f"Q_h K_h^T / sqrt(d_head), with d_head = D / H = {_DH}.",
                 )
-    if weights is not None and weights.shape == exp_weights.shape and not np.allclose(weights, exp_weights, atol=_ATOL) \
-            and np.allclose(np.swapaxes(weights, -1, -2), exp_weights, atol=_ATOL):
-        return failed(ex, "Your weights are transposed: entry (t, s) must be how much query t reads key s, so each "
-                          "row (the last axis) is one query's distribution over the keys.")
+    if (
+        weights is not None
+        and weights.shape == exp_weights.shape
+        and not np.allclose(weights, exp_weights, atol=_ATOL)
+        and np.allclose(np.swapaxes(weights, -1, -2), exp_weights, atol=_ATOL)
+    ):
+        return failed(
+            ex,
+            "Your weights are transposed: entry (t, s) must be how much query t reads key s, so each "
+            "row (the last axis) is one query's distribution over the keys.",
+        )
     bad = compare_arrays(ex, weights, exp_weights, what="weights", atol=_ATOL, rtol=_RTOL)
     if bad is not None:
         return bad
     if out is not None and out.shape == exp_out.shape:
         if np.allclose(
-            out, _mha_variant(Xn, Wn, _H, scale=None, merge_without_transpose=True)[0], atol=_ATOL, rtol=_RTOL
+            out,
+            _mha_variant(Xn, Wn, _H, scale=None, merge_without_transpose=True)[0],
+            atol=_ATOL,
+            rtol=_RTOL,
         ):
             return failed(
                 ex,
                 "The weights are right but out is not: you merged the heads without transposing "
                 "back to (B, T, H, Dh) before reshaping to (B, T, D).",
             )
-        if np.allclose(out, _mha_variant(Xn, Wn, _H, scale=None, use_W_O=False)[0], atol=_ATOL, rtol=_RTOL):
+        if np.allclose(
+            out, _mha_variant(Xn, Wn, _H, scale=None, use_W_O=False)[0], atol=_ATOL, rtol=_RTOL
+        ):
             return failed(
                 ex, "out is the concatenation of the heads: multiply it by W_O as the last step."
             )

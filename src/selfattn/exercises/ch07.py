@@ -29,8 +29,9 @@ def _layer_norm_inputs():
     return x, gamma, beta
 
 
-def _layer_norm_variant(x, gamma, beta, *, axis=-1, ddof=0, eps_inside=True, affine=True, use_gamma=True,
-                        use_beta=True):
+def _layer_norm_variant(
+    x, gamma, beta, *, axis=-1, ddof=0, eps_inside=True, affine=True, use_gamma=True, use_beta=True
+):
     mean = x.mean(axis=axis, keepdims=True)
     std = x.std(axis=axis, ddof=ddof, keepdims=True)
     normed = (x - mean) / (np.sqrt(std**2 + _EPS) if eps_inside else std + _EPS)
@@ -69,7 +70,9 @@ def check_layer_norm(fn):
         for kwargs, words in mistakes:
             if np.allclose(got, _layer_norm_variant(x, gamma, beta, **kwargs), atol=_ATOL):
                 return failed(ex, words)
-    bad = compare_arrays(ex, got, expected, what="layer_norm(x, gamma, beta, eps)", atol=_ATOL, rtol=_ATOL)
+    bad = compare_arrays(
+        ex, got, expected, what="layer_norm(x, gamma, beta, eps)", atol=_ATOL, rtol=_ATOL
+    )
     if bad is not None:
         return bad
     return passed(
