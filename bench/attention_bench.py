@@ -16,16 +16,24 @@ the visible pairs when causal) per second, as a fraction of a float32 matrix pro
 same run. Memory: the rise of peak resident memory (Linux VmHWM, reset via /proc/self/clear_refs)
 above the resident size just before the call, measured in a separate fresh process per
 implementation with ``MALLOC_MMAP_THRESHOLD_=65536`` so that freed tensors return to the OS; the
-inputs exist before the call and are not counted. Configurations whose estimated memory exceeds
+inputs exist before the call and are not counted (the first size is run once before it is measured).
+``OMP_WAIT_POLICY=PASSIVE`` is set unless given (see the comment at the import of torch). Configurations whose estimated memory exceeds
 the budget are skipped and marked as such. Chapter 08 loads the committed results file.
 """
 
 from __future__ import annotations
 
+import os
+
+# Before torch is imported: OpenMP threads that wait for each other sleep instead of spinning. On a
+# shared machine (this one runs several people's jobs on 2 cores) a spinning thread steals the core of
+# the thread it waits for, which punishes code made of many short parallel operations (the tiled
+# loop) far more than one fused kernel (SDPA). Applies to every implementation alike.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import datetime as dt
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -143,8 +151,9 @@ def memory_worker(impl: str, sizes: list[int], budget: int) -> dict:
             q, k, v = make_inputs(T)
             fn = runner(impl, q, k, v, causal)  # NumPy copies of the inputs are made here, not counted
             with torch.no_grad():
-                warm = fn()  # warm-up: one-time costs (code pages, thread pools) are not the algorithm's
-                del warm
+                if not result:  # first size: one-time costs (code pages, thread pools) are not the algorithm's
+                    warm = fn()
+                    del warm
                 peak, out = peak_rss_bytes(fn)
             del out
             result[key] = peak
@@ -180,7 +189,8 @@ def _ratio(a, b):
 def render(times, memory, time_sizes, memory_sizes, peak_gflops, meta) -> str:
     lines = [f"# Attention on CPU: time and peak memory ({meta['date']})", "",
              f"Machine: {meta['cpu']}, {meta['threads']} torch threads, torch {meta['torch']}, "
-             f"numpy {meta['numpy']}; load average at start {meta['load']}. "
+             f"numpy {meta['numpy']}; OMP_WAIT_POLICY={meta['omp_wait_policy']}; 1-minute load average "
+             f"{meta['load']} (a shared machine: other jobs ran during the measurement). "
              f"Measured float32 matmul rate: **{peak_gflops:.1f} GFLOP/s** ({meta['matmul_n']} x {meta['matmul_n']}).", "",
              "B=1, H=8, d_head=64, float32 (NumPy: float64), forward pass under `torch.no_grad`. "
              "Time: minimum over interleaved repeats. %peak: achieved useful GFLOP/s as a percentage of "
@@ -249,6 +259,7 @@ def main(argv=None):
         return
 
     torch.manual_seed(0)
+    load_start = os.getloadavg()
     budget = memory_budget()
     time_sizes = QUICK_SIZES if args.quick else TIME_SIZES
     memory_sizes = QUICK_SIZES if args.quick else MEMORY_SIZES
@@ -259,8 +270,8 @@ def main(argv=None):
     times = measure_times(time_sizes, 2 if args.quick else 3, budget, numpy_max_T)
     memory = measure_memory(memory_sizes, budget, numpy_max_T)
     today = dt.date.today().isoformat()
-    meta = {"date": today, "cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "numpy": np.__version__, "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+    meta = {"date": today, "cpu": _cpu_name(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "numpy": np.__version__, "load": f"{load_start[0]:.1f} at start, {os.getloadavg()[0]:.1f} at the end",
             "budget_gib": budget / GIB, "numpy_max_T": numpy_max_T, "matmul_n": matmul_n}
     table = render(times, memory, time_sizes, memory_sizes, peak, meta)
     print(table)

@@ -150,6 +150,7 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
             l.mul_(correction).add_(p.sum(dim=-1))
             acc.mul_(correction[..., None]).add_(p @ v_t)  # (..., bq, bk) @ (..., bk, Dv) -> (..., bq, Dv)
             m = m_new
+            del s, p  # free this tile before the next one is allocated: one tile alive at a time
         seen = l > 0
         out[..., i0:i1, :] = torch.where(seen[..., None], acc / torch.where(seen, l, 1.0)[..., None], 0.0)
         lse[..., i0:i1] = torch.where(seen, m + torch.log(torch.where(seen, l, 1.0)), -math.inf)
