@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 TORCH  ?= torch==2.13.0
 BOOK_FLAGS := -W -n --keep-going
 
-.PHONY: book test test-fast lint bench clean
+.PHONY: book test test-fast lint bench clean vendor browser
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,25 @@ $(VENV)/.test: pyproject.toml $(VENV)/.torch
 	$(PIP) install -e ".[book,test]"
 	touch $@
 
-book: $(VENV)/.book
+# The JavaScript the book serves itself so that it reads offline (require.js, the ipywidgets HTML
+# manager, MathJax): pinned and integrity-checked `npm pack` from the npm registry into
+# $(VENV)/share/selfattn-vendor (scripts/vendor_js.py); book/_ext copies it into the site.
+# Debian's npm is installed first when it is missing and we are root.
+$(VENV)/.vendor: scripts/vendor_js.py | $(PY)
+	command -v npm >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q && apt-get install -y -q npm; } \
+	  || { echo "npm is needed to fetch the book's JavaScript: install it (apt-get install npm)"; exit 1; }
+	$(PY) scripts/vendor_js.py
+	touch $@
+
+vendor: $(VENV)/.vendor
+
+# The browser tests drive Debian's chromium (Playwright's own browser download is not used).
+# Installed when missing and we are root; otherwise tests/book skips them (and fails in CI).
+browser:
+	command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q && apt-get install -y -q chromium; } \
+	  || echo "chromium is not installed and we are not root: the browser tests will be skipped (fail in CI)"
+
+book: $(VENV)/.book $(VENV)/.vendor
 	$(VENV)/bin/jupyter-book build . $(BOOK_FLAGS)
 
 lint: $(VENV)/.test
@@ -34,7 +52,7 @@ lint: $(VENV)/.test
 
 # Unit, parity and chapter tests and every notebook under nbval, on 2 workers; then the book is
 # built (warnings are errors) and tested as HTML and in a real browser.
-test: lint
+test: lint $(VENV)/.vendor browser
 	$(PY) -m pytest -n 2 --dist loadfile --nbval-lax tests/unit tests/parity tests/chapters notebooks
 	$(PY) -m pytest tests/book
 

@@ -1,18 +1,35 @@
-"""The book's local Sphinx extension: serve plotly.js from the book itself, not from a CDN.
+"""The book's local Sphinx extension: serve every script the pages need from the book itself.
 
-Figures are emitted by ``selfattn.viz``'s renderer as a ``text/html`` div that calls the global
-``Plotly``. This extension copies the ``plotly.min.js`` that ships inside the installed ``plotly``
-Python package (so its version always matches the figures' JSON) into the built site and loads it
-on every page before any other script, in particular before require.js, which would otherwise make
-plotly.js register as an AMD module instead of a global.
+The published book must read offline (issue 6), so nothing is loaded from a CDN:
+
+- plotly.js: figures are emitted by ``selfattn.viz``'s renderer as a ``text/html`` div that calls
+  the global ``Plotly``. This extension copies the ``plotly.min.js`` that ships inside the installed
+  ``plotly`` Python package (so its version always matches the figures' JSON) into the built site
+  and loads it on every page before any other script, in particular before require.js, which would
+  otherwise make plotly.js register as an AMD module instead of a global.
+- require.js, the ipywidgets HTML manager and MathJax: fetched (pinned, integrity-checked) from the
+  npm registry by ``scripts/vendor_js.py`` (the Makefile's install step) into
+  ``<venv>/share/selfattn-vendor``, and copied from there. ``_config.yml`` points ``mathjax_path``
+  and ``nb_ipywidgets_js`` at these copies; the build fails if one of them is missing.
+
+Everything lands in ``_build/html/_static/selfattn-vendor/``.
 """
 
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 VENDOR = "selfattn-vendor"
+# Filled by scripts/vendor_js.py; the same default as there.
+FETCHED = Path(sys.prefix) / "share" / "selfattn-vendor"
+
+
+def _local_paths(config) -> list[str]:
+    """The paths under _static/selfattn-vendor that the configuration loads (MathJax, widgets)."""
+    paths = [str(config.mathjax_path or "")] + [str(p) for p in (config.nb_ipywidgets_js or {})]
+    return [p for p in paths if p.startswith(f"{VENDOR}/")]
 
 
 def _stage_static(app) -> None:
@@ -24,11 +41,47 @@ def _stage_static(app) -> None:
     staged = Path(app.outdir).parent / "selfattn_static"
     (staged / VENDOR).mkdir(parents=True, exist_ok=True)
     shutil.copy2(source, staged / VENDOR / "plotly.min.js")
+    if FETCHED.is_dir():
+        shutil.copytree(FETCHED, staged / VENDOR, dirs_exist_ok=True)
+    missing = [p for p in _local_paths(app.config) if not (staged / p).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{missing} are configured in _config.yml but not vendored in {FETCHED}; "
+            "run `make vendor` (or `python scripts/vendor_js.py`) with the book's Python"
+        )
     app.config.html_static_path.append(str(staged))
 
 
+def _theme_defaults(app, config) -> None:
+    """pydata-sphinx-theme logs a console error ("Got invalid theme mode: .") on a reader's first
+    visit unless a default mode is set; "auto" follows the reader's system setting (light/dark)."""
+    context = dict(config.html_context or {})
+    context.setdefault("default_mode", "auto")
+    config.html_context = context
+
+
+def _dedupe_scripts(app, pagename, templatename, context, doctree) -> None:
+    """sphinx-thebe adds its inline configuration twice, and the second ``const THEBE_JS_URL``
+    throws a SyntaxError in every page's console; keep the first copy of each script."""
+    scripts = context.get("script_files")
+    if not scripts:
+        return
+    seen, kept = set(), []
+    for script in scripts:
+        attributes = getattr(script, "attributes", {}) or {}
+        filename = getattr(script, "filename", script) or ""  # an inline script: None or ""
+        key = (str(filename), tuple(sorted((k, str(v)) for k, v in attributes.items())))
+        if key not in seen:
+            seen.add(key)
+            kept.append(script)
+    scripts[:] = kept  # in place: handlers that run later add to this same list
+
+
 def setup(app):
+    app.connect("config-inited", _theme_defaults)
     app.connect("builder-inited", _stage_static)
+    # Early: Sphinx stops calling html-page-context handlers at the first that returns a template.
+    app.connect("html-page-context", _dedupe_scripts, priority=100)
     app.add_js_file(f"{VENDOR}/plotly.min.js", priority=100)
     app.add_css_file("selfattn.css")
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
