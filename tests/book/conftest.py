@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from .browser_support import artifacts, browser, offline_visits, site_url  # noqa: F401 - browser-test fixtures
+
 ROOT = Path(__file__).resolve().parents[2]
-BUILD = ROOT / "_build"
+# SELFATTN_BOOK_BUILD (with SELFATTN_REUSE_BOOK=1) tests another build, e.g. `--path-output DIR` -> DIR/_build.
+BUILD = Path(os.environ.get("SELFATTN_BOOK_BUILD", ROOT / "_build"))
 HTML = BUILD / "html"
 LOG = BUILD / "book-build.log"
 

@@ -1,0 +1,228 @@
+"""Fixtures and helpers for the tests that open the built book in a real browser (issue 6).
+
+- ``site_url``: the built ``_build/html`` served by Python's ``http.server`` on a free localhost
+  port, in a thread, for the whole session.
+- ``browser``: Debian's ``chromium`` (``/usr/bin/chromium``; ``make test`` installs it when it is
+  missing and the user is root), driven headless by Playwright. Playwright's own browser download
+  is not used. Without a browser the tests are skipped with the reason, except in CI (``CI=true``),
+  where a missing browser is a failure.
+- ``toc_pages()``: every page of ``_toc.yml`` in reading order, so the tests cover whatever
+  chapters the book holds.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+
+# Headless on a machine with no network: no GPU, no background traffic (without the last four flags
+# Chromium keeps opening connections to Google services, which fail on a closed network).
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+def toc_pages() -> list[str]:
+    """Every page of the table of contents in reading order, as paths without suffix."""
+    # SELFATTN_TOC: the toc a build under test was made from (with SELFATTN_BOOK_BUILD), if not this one.
+    toc = yaml.safe_load(Path(os.environ.get("SELFATTN_TOC", ROOT / "_toc.yml")).read_text())
+    pages = [toc["root"]]
+    for part in toc.get("parts", []):
+        for chapter in part.get("chapters", []):
+            pages.append(chapter["file"])
+            pages.extend(section["file"] for section in chapter.get("sections", []))
+    return pages
+
+
+def chapter_pages() -> list[str]:
+    return [p for p in toc_pages() if p.startswith("notebooks/")]
+
+
+def page_id(page: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]+", "-", page)
+
+
+def chromium_path() -> str | None:
+    """``SELFATTN_CHROMIUM`` if set, else Debian's chromium on the PATH."""
+    chosen = os.environ.get("SELFATTN_CHROMIUM")
+    if chosen:
+        return chosen if Path(chosen).is_file() else None
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _no_browser(reason: str):
+    if os.environ.get("CI", "").lower() in ("true", "1"):
+        pytest.fail(f"{reason} (CI=true: the browser tests must run in CI)")
+    pytest.skip(f"{reason}; `make test` installs it as root (apt-get install -y chromium)")
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        pass
+
+
+@pytest.fixture(scope="session")
+def site_url(built_html):
+    """Base URL (no trailing slash) of the built site served on 127.0.0.1."""
+    handler = functools.partial(_QuietHandler, directory=str(built_html))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, name="book-http", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """A headless Chromium (Debian's) for the whole session."""
+    path = chromium_path()
+    if path is None:
+        _no_browser("chromium is not installed")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _no_browser("the Python package playwright is not installed")
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture(scope="session")
+def artifacts() -> Path:
+    """``test-artifacts/`` (gitignored): screenshots and the page-weight table."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS
+
+
+# --- Loading a page and recording what happened ---------------------------------------------------
+
+SETTLE_JS = """async () => {
+  const deadline = Date.now() + 20000;
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+  const figuresDrawn = () => [...document.querySelectorAll('.plotly-graph-div')]
+    .every((d) => d.querySelector('svg.main-svg') || d.textContent.includes('did not load'));
+  const viewScripts = () => [...document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]')];
+  const widgetsDrawn = () => viewScripts().every((s) => s.parentElement.querySelector('.jupyter-widgets'));
+  while (Date.now() < deadline && !(figuresDrawn() && widgetsDrawn())) await sleep(100);
+  if (window.MathJax && window.MathJax.startup && window.MathJax.startup.promise) {
+    await Promise.race([window.MathJax.startup.promise, sleep(15000)]);
+  }
+  await sleep(300);
+  const divs = [...document.querySelectorAll('.plotly-graph-div')];
+  return {
+    figures: divs.length,
+    figures_drawn: divs.filter((d) => d.querySelector('svg.main-svg')).length,
+    math_source: document.querySelectorAll('.math').length,
+    math_drawn: document.querySelectorAll('mjx-container').length,
+    math_errors: document.querySelectorAll('mjx-merror').length,
+    widget_views: viewScripts().length,
+    widget_views_drawn: viewScripts().filter((s) => s.parentElement.querySelector('.jupyter-widgets')).length,
+  };
+}"""
+
+
+def is_local(url: str, base: str) -> bool:
+    return url.startswith(base) or url.startswith("data:") or url.startswith("blob:") or url == "about:blank"
+
+
+def visit(context, url: str, base: str) -> dict:
+    """Open ``url`` in a new tab of ``context``, wait for figures, widgets and math; return a record:
+    console messages by type, uncaught page errors, failed requests, HTTP errors, blocked requests
+    (non-localhost, if the context blocks them) and what was drawn (``SETTLE_JS``)."""
+    page = context.new_page()
+    record = {"url": url, "console": [], "page_errors": [], "failed": [], "http_errors": []}
+    page.on("console", lambda m: record["console"].append((m.type, m.text)))
+    page.on("pageerror", lambda e: record["page_errors"].append(str(e)))
+    page.on("requestfailed", lambda r: record["failed"].append((r.url, r.failure)))
+    page.on("response", lambda r: r.status >= 400 and record["http_errors"].append((r.status, r.url)))
+    try:
+        page.goto(url, wait_until="load", timeout=30000)
+        record.update(page.evaluate(SETTLE_JS))
+    finally:
+        page.close()
+    return record
+
+
+def offline_context(browser, base: str, blocked: list[str], **options):
+    """A browser context in which every request that is not to ``base`` is aborted (and noted)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, **options)
+
+    def route(r):
+        if is_local(r.request.url, base):
+            r.continue_()
+        else:
+            blocked.append(r.request.url)
+            r.abort()
+
+    context.route("**/*", route)
+    return context
+
+
+@pytest.fixture(scope="session")
+def offline_visits(browser, site_url):
+    """``get(page)`` -> the record of ``visit`` for a toc page, loaded once per session with every
+    non-localhost request blocked; the console, offline and figure tests all read these records."""
+    cache: dict[str, dict] = {}
+    blocked: list[str] = []
+    context = offline_context(browser, site_url, blocked)
+
+    def get(page: str) -> dict:
+        if page not in cache:
+            start = len(blocked)
+            record = visit(context, f"{site_url}/{page}.html", site_url)
+            record["blocked"] = blocked[start:]
+            cache[page] = record
+        return cache[page]
+
+    yield get
+    context.close()
+
+
+# Figures: the first figure of a page with a slider or a menu, and a snapshot of what it draws.
+
+MAIN_FIGURE_JS = """() => {
+  const divs = [...document.querySelectorAll('.plotly-graph-div')];
+  const i = divs.findIndex((d) => d.layout && ((d.layout.sliders || []).length || (d.layout.updatemenus || []).length));
+  if (i >= 0) divs[i].setAttribute('data-test-main', '1');
+  return i;
+}"""
+
+# What the figure draws: its traces' data and title, and the SVG of its plot area, title and
+# annotations (not its controls, which move whether or not the figure changes).
+SNAPSHOT_JS = """(el) => {
+  const drawn = [...el.querySelectorAll('.cartesianlayer, .polarlayer, .pielayer, .layer-above, .shapelayer, .g-gtitle, .annotation, .legend')]
+    .map((n) => n.innerHTML).join('|');
+  const data = (el.data || []).map((t) => [t.x, t.y, t.z, t.text, t.visible, t.name]);
+  const title = el.layout && el.layout.title;
+  return JSON.stringify([data, title, (el.layout || {}).annotations]) + drawn;
+}"""
+
+
+def wait_for_change(page, selector: str, before: str, timeout_ms: int = 8000) -> str:
+    """The figure's snapshot once it differs from ``before`` (or the last one after the timeout)."""
+    after = before
+    for _ in range(timeout_ms // 100):
+        page.wait_for_timeout(100)
+        after = page.eval_on_selector(selector, SNAPSHOT_JS)
+        if after != before:
+            break
+    return after

@@ -1,0 +1,190 @@
+"""The built book in a real browser: Playwright drives Debian's chromium, headless, against
+``_build/html`` served on localhost (fixtures in ``browser_support.py``). Issue 6.
+
+Every page of ``_toc.yml`` is covered, whatever chapters it lists. Pages are loaded once per
+session with every non-localhost request blocked (``offline_visits``); the offline test reads the
+same records. Screenshots go to ``test-artifacts/screenshots/`` (gitignored).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .browser_support import (
+    MAIN_FIGURE_JS,
+    SNAPSHOT_JS,
+    chapter_pages,
+    page_id,
+    toc_pages,
+    wait_for_change,
+)
+
+# Console messages of type "error" that may appear, each with the reason. Warnings and logs are
+# not errors and are not listed. (Fixed rather than listed, by book/_ext/selfattn_book.py and
+# book/_static/selfattn-widgets.js: sphinx-thebe's duplicated `const THEBE_JS_URL` SyntaxError,
+# pydata-sphinx-theme's "Got invalid theme mode" on a first visit, the widget manager's icon fonts
+# 404 and its MathJax-2 call `MathJax.Hub.Queue` TypeError.)
+CONSOLE_ERROR_ALLOW: list[tuple[re.Pattern[str], str]] = []
+
+PAGES = toc_pages()
+CHAPTERS = chapter_pages()
+
+
+def _unexpected(messages: list[str]) -> list[str]:
+    return [m for m in messages if not any(p.search(m) for p, _why in CONSOLE_ERROR_ALLOW)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_page_loads_without_console_errors(offline_visits, page):
+    record = offline_visits(page)
+    errors = [text for kind, text in record["console"] if kind == "error"] + record["page_errors"]
+    assert _unexpected(errors) == [], f"{page}: console errors"
+    assert record["http_errors"] == [], f"{page}: requests answered with an error status"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_plotly_figure_renders(offline_visits, page):
+    record = offline_visits(page)
+    assert record["figures_drawn"] == record["figures"], (
+        f"{page}: {record['figures'] - record['figures_drawn']} of {record['figures']} figures have no svg"
+    )
+    if page in CHAPTERS:
+        assert record["figures"] >= 1, f"{page} shows no figure"
+
+
+def _open(browser, site_url, page: str, **options):
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, **options)
+    tab = context.new_page()
+    tab.goto(f"{site_url}/{page}.html", wait_until="load")
+    tab.wait_for_function(
+        "() => [...document.querySelectorAll('.plotly-graph-div')].every((d) => d.querySelector('svg.main-svg'))",
+        timeout=20000,
+    )
+    return context, tab
+
+
+def _click_svg_control(tab) -> str:
+    """Use the main figure's first slider (click the far end of its rail) or menu (pick another
+    button) with the mouse, as a reader does; returns what was clicked."""
+    main = '[data-test-main="1"]'
+    layout = tab.eval_on_selector(
+        main, "(el) => ({sliders: el.layout.sliders || [], menus: el.layout.updatemenus || []})"
+    )
+    if layout["sliders"]:
+        slider = layout["sliders"][0]
+        steps = len(slider["steps"])
+        active = slider.get("active", 0) or 0
+        target = 0 if active == steps - 1 else steps - 1
+        rail = tab.locator(f"{main} .slider-container").first.locator(".slider-rail-touch-rect")
+        rail.scroll_into_view_if_needed()
+        box = rail.bounding_box()
+        x = box["x"] + box["width"] * (0.01 + 0.98 * target / max(steps - 1, 1))
+        tab.mouse.click(x, box["y"] + box["height"] / 2)
+        return f"slider step {target} of {steps}"
+    menu = layout["menus"][0]
+    active = menu.get("active", 0) or 0
+    target = 1 if active == 0 else 0
+    if menu.get("type", "dropdown") != "buttons":
+        tab.locator(f"{main} .updatemenu-header-group").first.click()
+    tab.locator(f"{main} .updatemenu-button, {main} .updatemenu-dropdown-button").nth(target).click()
+    return f"menu button {target}"
+
+
+@pytest.mark.parametrize("page", CHAPTERS, ids=page_id)
+def test_main_figure_responds_to_its_slider_or_button(browser, site_url, page):
+    """The chapter's main figure (its first with a slider or menu) draws something else after a
+    mouse click on that control: its data, title or plot SVG change."""
+    context, tab = _open(browser, site_url, page)
+    try:
+        index = tab.evaluate(MAIN_FIGURE_JS)
+        assert index >= 0, f"{page}: no figure with a slider or a menu"
+        before = tab.eval_on_selector('[data-test-main="1"]', SNAPSHOT_JS)
+        what = _click_svg_control(tab)
+        after = wait_for_change(tab, '[data-test-main="1"]', before)
+        assert after != before, f"{page}: figure {index} did not change after the {what} was clicked"
+    finally:
+        context.close()
+
+
+def _words(page_html: str) -> str:
+    body = re.sub(r"<script.*?</script>|<style.*?</style>", " ", page_html, flags=re.S)
+    return re.sub(r"<[^>]+>", " ", body).lower()
+
+
+def test_search_finds_softmax(browser, site_url, built_html):
+    """search.html?q=softmax lists a page; until a page mentions softmax, a word the intro has."""
+    texts = {p: _words((built_html / f"{p}.html").read_text()) for p in PAGES}
+    word = "softmax" if any("softmax" in t for t in texts.values()) else "attention"
+    context = browser.new_context()
+    try:
+        tab = context.new_page()
+        tab.goto(f"{site_url}/search.html?q={word}", wait_until="load")
+        results = tab.locator("#search-results ul.search li a")
+        results.first.wait_for(timeout=20000)
+        hrefs = results.evaluate_all("(links) => links.map((a) => a.getAttribute('href'))")
+        assert len(hrefs) >= 1
+        found = {h.split("?")[0].split("#")[0].removesuffix(".html").lstrip("./") for h in hrefs}
+        assert any(word in texts.get(p, "") for p in found), (word, found)
+    finally:
+        context.close()
+
+
+def test_previous_and_next_links_follow_the_table_of_contents(browser, site_url):
+    """index.html lands on the first toc page; "next" goes to the second page, "previous" back."""
+    context = browser.new_context()
+    try:
+        tab = context.new_page()
+        tab.goto(f"{site_url}/index.html", wait_until="load")
+        tab.wait_for_url(f"{site_url}/{PAGES[0]}.html", timeout=10000)
+        tab.locator("a.right-next").first.click()
+        tab.wait_for_url(f"{site_url}/{PAGES[1]}.html", timeout=10000)
+        tab.locator("a.left-prev").first.click()
+        tab.wait_for_url(f"{site_url}/{PAGES[0]}.html", timeout=10000)
+    finally:
+        context.close()
+
+
+# WCAG 2.x contrast ratio of each paragraph's text against the background it is drawn on
+# (the first ancestor with an opaque-enough background colour).
+CONTRAST_JS = """() => {
+  const rgba = (s) => { const m = s.match(/[\\d.]+/g) || [0, 0, 0, 0]; return m.map(Number).concat([1]).slice(0, 4); };
+  const lum = (c) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+    return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]); };
+  const background = (el) => { for (let n = el; n; n = n.parentElement) { const c = rgba(getComputedStyle(n).backgroundColor);
+    if (c[3] > 0.5) return c; } return [255, 255, 255, 1]; };
+  const ratios = [];
+  for (const p of [...document.querySelectorAll('main article p, main article li')].slice(0, 80)) {
+    if (!p.textContent.trim() || p.closest('.selfattn-figure-text, .plotly-graph-div, .jupyter-widgets')) continue;
+    const fg = rgba(getComputedStyle(p).color), bg = background(p);
+    const mix = fg.slice(0, 3).map((v, i) => v * fg[3] + bg[i] * (1 - fg[3]));
+    const [a, b] = [lum(mix), lum(bg)].sort((x, y) => y - x);
+    ratios.push({ratio: (a + 0.05) / (b + 0.05), text: p.textContent.trim().slice(0, 60)});
+  }
+  return {theme: document.documentElement.dataset.theme, ratios};
+}"""
+
+
+@pytest.mark.parametrize("mode", ["light", "dark"])
+def test_light_and_dark_mode_are_legible(browser, site_url, artifacts, mode):
+    """Body text has a WCAG contrast ratio >= 4.5 against its background on every page, in the
+    theme's light and dark mode; a screenshot of each page is kept in test-artifacts/."""
+    shots = artifacts / "screenshots" / mode
+    shots.mkdir(parents=True, exist_ok=True)
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=mode)
+    context.add_init_script(f"localStorage.setItem('mode', '{mode}'); localStorage.setItem('theme', '{mode}');")
+    low = []
+    try:
+        tab = context.new_page()
+        for page in PAGES:
+            tab.goto(f"{site_url}/{page}.html", wait_until="load")
+            tab.wait_for_timeout(300)
+            result = tab.evaluate(CONTRAST_JS)
+            assert result["theme"] == mode, f"{page}: the page is in {result['theme']} mode, not {mode}"
+            tab.screenshot(path=str(shots / f"{page_id(page)}.png"))
+            low += [(page, r["ratio"], r["text"]) for r in result["ratios"] if r["ratio"] < 4.5]
+            assert result["ratios"], f"{page}: no body text found to check"
+    finally:
+        context.close()
+    assert low == [], f"text below WCAG 4.5:1 in {mode} mode: {low[:10]}"
