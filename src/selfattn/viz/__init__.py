@@ -84,7 +84,7 @@ class BookRenderer(MimetypeRenderer):
     if (window.Plotly) {{
       window.Plotly.newPlot(el, spec.data, spec.layout, config).then(function () {{
         if (spec.frames && spec.frames.length) {{ return window.Plotly.addFrames(el, spec.frames); }}
-      }});
+      }}).then(function () {{ {_CONTROLS_JS}(el); }});
     }} else if (tries < 200) {{
       setTimeout(function () {{ draw(tries + 1); }}, 50);
     }} else {{
@@ -99,6 +99,99 @@ class BookRenderer(MimetypeRenderer):
             "application/vnd.plotly.v1+json": {**spec, "config": _PLOTLY_CONFIG},
             "text/html": markup,
         }
+
+
+# plotly draws its sliders and menus in SVG, which the keyboard cannot reach. Under every figure that
+# has them, the renderer adds HTML controls bound to the same steps and buttons (issue 6:
+# accessibility): an <input type=range> per slider, a <select> per dropdown, <button>s per button
+# row. Each runs the step's own plotly command and moves the SVG control with it, and follows it when
+# the mouse moves the SVG control.
+_CONTROLS_JS = """(function (el) {
+  var P = window.Plotly, layout = el.layout || {};
+  var sliders = layout.sliders || [], menus = layout.updatemenus || [];
+  if (!sliders.length && !menus.length) return;
+  var box = document.createElement("div");
+  box.className = "selfattn-controls";
+  box.setAttribute("role", "group");
+  box.setAttribute("aria-label", "Figure controls");
+  function run(item, active) {
+    var method = item && item.method, call = method && method !== "skip" && P[method];
+    var done = call ? call.apply(P, [el].concat(item.args || [])) : null;
+    return Promise.resolve(done).then(function () { return P.relayout(el, active); });
+  }
+  function named(text, fallback) {
+    return String(text || fallback).replace(/[\\s:=]+$/, "");
+  }
+  sliders.forEach(function (s, i) {
+    var steps = s.steps || [];
+    if (!steps.length) return;
+    var label = document.createElement("label");
+    var name = named((s.currentvalue || {}).prefix || s.name, sliders.length > 1 ? "Step " + (i + 1) : "Step");
+    var input = document.createElement("input");
+    var out = document.createElement("output");
+    input.type = "range"; input.min = 0; input.max = steps.length - 1; input.step = 1;
+    input.value = s.active || 0;
+    input.setAttribute("aria-label", name);
+    function show() {
+      var step = steps[+input.value] || {};
+      out.textContent = step.label !== undefined ? String(step.label) : input.value;
+      input.setAttribute("aria-valuetext", out.textContent);
+    }
+    input.addEventListener("input", function () {
+      var k = +input.value, active = {};
+      active["sliders[" + i + "].active"] = k;
+      show();
+      run(steps[k], active);
+    });
+    el.on("plotly_sliderchange", function (e) {
+      if (e && e.slider && e.slider._index === i && e.step) { input.value = e.step._index; show(); }
+    });
+    show();
+    label.appendChild(document.createTextNode(name + " "));
+    label.appendChild(input);
+    label.appendChild(out);
+    box.appendChild(label);
+  });
+  menus.forEach(function (m, i) {
+    var buttons = m.buttons || [];
+    if (!buttons.length) return;
+    var name = named(m.name, menus.length > 1 ? "View " + (i + 1) : "View");
+    function activate(j) {
+      var active = {};
+      active["updatemenus[" + i + "].active"] = j;
+      return run(buttons[j], active);
+    }
+    if (m.type === "buttons") {
+      var group = document.createElement("span");
+      group.setAttribute("role", "group");
+      group.setAttribute("aria-label", name);
+      buttons.forEach(function (b, j) {
+        var button = document.createElement("button");
+        button.type = "button";
+        button.textContent = named(b.label, "Option " + (j + 1));
+        button.addEventListener("click", function () { activate(j); });
+        group.appendChild(button);
+      });
+      box.appendChild(group);
+    } else {
+      var label = document.createElement("label");
+      var select = document.createElement("select");
+      select.setAttribute("aria-label", name);
+      buttons.forEach(function (b, j) {
+        var option = document.createElement("option");
+        option.value = j;
+        option.textContent = named(b.label, "Option " + (j + 1));
+        select.appendChild(option);
+      });
+      select.value = m.active || 0;
+      select.addEventListener("change", function () { activate(+select.value); });
+      label.appendChild(document.createTextNode(name + " "));
+      label.appendChild(select);
+      box.appendChild(label);
+    }
+  });
+  el.parentNode.insertBefore(box, el.nextSibling);
+})"""
 
 
 def _height(fig: go.Figure) -> int:
