@@ -226,3 +226,21 @@ def wait_for_change(page, selector: str, before: str, timeout_ms: int = 8000) ->
         if after != before:
             break
     return after
+
+
+FIGURES_DRAWN_JS = (
+    "() => [...document.querySelectorAll('.plotly-graph-div')].every((d) => d.querySelector('svg.main-svg'))"
+)
+# Not needed to use a figure, and most of a page load's CPU: left out of the interaction tests.
+HEAVY = ("/selfattn-vendor/mathjax/", "/selfattn-vendor/html-manager/")
+
+
+def open_with_figures(browser, site_url: str, page: str):
+    """(context, tab) on ``page`` once its figures are drawn; MathJax and the widget manager are
+    not loaded. The caller closes the context."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.route("**/*", lambda r: r.abort() if any(h in r.request.url for h in HEAVY) else r.continue_())
+    tab = context.new_page()
+    tab.goto(f"{site_url}/{page}.html", wait_until="load")
+    tab.wait_for_function(FIGURES_DRAWN_JS, timeout=20000)
+    return context, tab

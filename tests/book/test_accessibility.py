@@ -20,7 +20,14 @@ import re
 import plotly.colors as pc
 import pytest
 
-from .browser_support import MAIN_FIGURE_JS, SNAPSHOT_JS, chapter_pages, page_id, wait_for_change
+from .browser_support import (
+    MAIN_FIGURE_JS,
+    SNAPSHOT_JS,
+    chapter_pages,
+    open_with_figures,
+    page_id,
+    wait_for_change,
+)
 from .conftest import BUILD
 
 CHAPTERS = chapter_pages()
@@ -141,14 +148,8 @@ FOCUS_JS = """() => {
 def test_main_figure_controls_are_reachable_and_usable_by_keyboard(browser, site_url, page):
     """Tab from just before the main figure reaches one of its controls; the keyboard alone then
     changes what the figure draws (arrow key on a slider or menu, Enter on a button)."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context, tab = open_with_figures(browser, site_url, page)
     try:
-        tab = context.new_page()
-        tab.goto(f"{site_url}/{page}.html", wait_until="load")
-        tab.wait_for_function(
-            "() => [...document.querySelectorAll('.plotly-graph-div')].every((d) => d.querySelector('svg.main-svg'))",
-            timeout=20000,
-        )
         assert tab.evaluate(MAIN_FIGURE_JS) >= 0, f"{page}: no figure with a slider or a menu"
         main = '[data-test-main="1"]'
         tab.wait_for_selector(f"{main} ~ .selfattn-controls", timeout=10000)

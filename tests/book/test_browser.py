@@ -13,9 +13,11 @@ import re
 import pytest
 
 from .browser_support import (
+    FIGURES_DRAWN_JS,
     MAIN_FIGURE_JS,
     SNAPSHOT_JS,
     chapter_pages,
+    open_with_figures,
     page_id,
     toc_pages,
     wait_for_change,
@@ -54,17 +56,6 @@ def test_every_plotly_figure_renders(offline_visits, page):
         assert record["figures"] >= 1, f"{page} shows no figure"
 
 
-def _open(browser, site_url, page: str, **options):
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, **options)
-    tab = context.new_page()
-    tab.goto(f"{site_url}/{page}.html", wait_until="load")
-    tab.wait_for_function(
-        "() => [...document.querySelectorAll('.plotly-graph-div')].every((d) => d.querySelector('svg.main-svg'))",
-        timeout=20000,
-    )
-    return context, tab
-
-
 def _click_svg_control(tab) -> str:
     """Use the main figure's first slider (click the far end of its rail) or menu (pick another
     button) with the mouse, as a reader does; returns what was clicked."""
@@ -96,7 +87,7 @@ def _click_svg_control(tab) -> str:
 def test_main_figure_responds_to_its_slider_or_button(browser, site_url, page):
     """The chapter's main figure (its first with a slider or menu) draws something else after a
     mouse click on that control: its data, title or plot SVG change."""
-    context, tab = _open(browser, site_url, page)
+    context, tab = open_with_figures(browser, site_url, page)
     try:
         index = tab.evaluate(MAIN_FIGURE_JS)
         assert index >= 0, f"{page}: no figure with a slider or a menu"
@@ -162,14 +153,25 @@ CONTRAST_JS = """() => {
     const [a, b] = [lum(mix), lum(bg)].sort((x, y) => y - x);
     ratios.push({ratio: (a + 0.05) / (b + 0.05), text: p.textContent.trim().slice(0, 60)});
   }
+  // Figures: their tick and title text against the figure's own background (or the page's, if
+  // the figure is transparent: dark text on a dark page would vanish).
+  for (const [i, svg] of [...document.querySelectorAll('.plotly-graph-div svg.main-svg:first-of-type')].entries()) {
+    const t = svg.querySelector('.xtick text, .ytick text, .gtitle');
+    if (!t) continue;
+    const fg = rgba(getComputedStyle(t).fill), own = rgba(getComputedStyle(svg).backgroundColor);
+    const bg = own[3] > 0.5 ? own : background(svg.parentElement);
+    const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
+    ratios.push({ratio: (a + 0.05) / (b + 0.05), text: `figure ${i}: ${t.textContent.slice(0, 40)}`});
+  }
   return {theme: document.documentElement.dataset.theme, ratios};
 }"""
 
 
 @pytest.mark.parametrize("mode", ["light", "dark"])
 def test_light_and_dark_mode_are_legible(browser, site_url, artifacts, mode):
-    """Body text has a WCAG contrast ratio >= 4.5 against its background on every page, in the
-    theme's light and dark mode; a screenshot of each page is kept in test-artifacts/."""
+    """Body text, and the text of every figure, has a WCAG contrast ratio >= 4.5 against its
+    background on every page, in the theme's light and dark mode; a screenshot of each page is kept
+    in test-artifacts/screenshots/<mode>/."""
     shots = artifacts / "screenshots" / mode
     shots.mkdir(parents=True, exist_ok=True)
     context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=mode)
@@ -179,7 +181,8 @@ def test_light_and_dark_mode_are_legible(browser, site_url, artifacts, mode):
         tab = context.new_page()
         for page in PAGES:
             tab.goto(f"{site_url}/{page}.html", wait_until="load")
-            tab.wait_for_timeout(300)
+            tab.wait_for_function(FIGURES_DRAWN_JS, timeout=20000)
+            tab.wait_for_timeout(200)
             result = tab.evaluate(CONTRAST_JS)
             assert result["theme"] == mode, f"{page}: the page is in {result['theme']} mode, not {mode}"
             tab.screenshot(path=str(shots / f"{page_id(page)}.png"))
