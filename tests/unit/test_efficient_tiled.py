@@ -142,7 +142,9 @@ def test_very_negative_logits():
     q, k, v = _qkv(1, 2, 9, 11, 4, seed=4)
     q = q - 100.0
     k = k + 100.0  # q . k ~ -4e4 for every pair, differences O(100)
-    out, lse = _check_against_reference(q, k, v, None, block_q=4, block_k=3)
+    # scores near -2e4 carry a float64 rounding of ~|s| * 1e-16 = 2e-12 in the exponent, which the
+    # gradient of q (a sum of terms ~100 that cancel) amplifies: compare at 1e-8, still rounding level
+    out, lse = _check_against_reference(q, k, v, None, atol=1e-8, rtol=1e-7, block_q=4, block_k=3)
     assert (lse < -1e3).all()
 
 

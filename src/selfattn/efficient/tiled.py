@@ -30,11 +30,16 @@ from .._validate import (
 
 __all__ = ["Visibility", "tiled_attention", "pick_forward", "DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_K"]
 
-# Large enough that the Python loop costs little next to the matrix products on a CPU, small enough
-# that one (H, block_q, block_k) float32 tile (8 x 256 x 512 x 4 B = 4 MiB) stays far below the output.
-DEFAULT_BLOCK_Q = 256
+# Large enough that the Python loop and the per-tile elementwise passes cost little next to the matrix
+# products on a CPU (measured by bench/attention_bench.py), small enough that the one (H, block_q,
+# block_k) float32 tile alive at a time (8 x 512 x 512 x 4 B = 8 MiB) stays below the output at long T.
+DEFAULT_BLOCK_Q = 512
 DEFAULT_BLOCK_K = 512
 _HALF = (torch.float16, torch.bfloat16)
+# Scores are kept in base 2 (s * log2 e) so that the tiles use exp2, several times faster than exp on
+# CPUs (FlashAttention does the same on GPUs); exp2(s log2 e - m) = exp(s - m ln 2). lse is converted back.
+_LOG2E = 1.0 / math.log(2.0)
+_LN2 = math.log(2.0)
 
 
 @dataclass(frozen=True)
@@ -127,9 +132,9 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
     lse = torch.empty(q.shape[:-1], dtype=work, device=q.device)  # (..., T)
     key_tiles = _tiles(S, block_k)[::-1] if reverse_key_tiles else _tiles(S, block_k)
     for i0, i1 in _tiles(T, block_q):
-        q_t = q[..., i0:i1, :].to(work) * scale  # (..., bq, Dh), float32 even for half inputs
-        m = torch.full(q_t.shape[:-1], -math.inf, dtype=work, device=q.device)  # running max (..., bq)
-        l = torch.zeros(q_t.shape[:-1], dtype=work, device=q.device)  # running sum of exp(s - m)
+        q_t = q[..., i0:i1, :].to(work) * (scale * _LOG2E)  # (..., bq, Dh), float32 for half inputs
+        m = torch.full(q_t.shape[:-1], -math.inf, dtype=work, device=q.device)  # running max (..., bq), base 2
+        l = torch.zeros(q_t.shape[:-1], dtype=work, device=q.device)  # running sum of exp2(s - m)
         acc = torch.zeros(q_t.shape[:-1] + (Dv,), dtype=work, device=q.device)  # (..., bq, Dv)
         for j0, j1 in key_tiles:
             keep = vis.tile(i0, i1, j0, j1, q.device)
@@ -145,15 +150,15 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
             # A row that has seen only masked entries keeps m = -inf: shift by 0 so that
             # exp(-inf - -inf) = NaN never happens; exp(-inf - 0) = 0 adds nothing.
             shift = torch.where(m_new == -math.inf, 0.0, m_new)
-            p = s.sub_(shift[..., None]).exp_()  # in place: the tile is the only (bq, bk) buffer
-            correction = torch.exp(m - shift)  # (..., bq): rescales what was summed under the old max
+            p = torch.exp2(s.sub_(shift[..., None]), out=s)  # in place: one (bq, bk) buffer per tile
+            correction = torch.exp2(m - shift)  # (..., bq): rescales what was summed under the old max
             l.mul_(correction).add_(p.sum(dim=-1))
             acc.mul_(correction[..., None]).add_(p @ v_t)  # (..., bq, bk) @ (..., bk, Dv) -> (..., bq, Dv)
             m = m_new
             del s, p  # free this tile before the next one is allocated: one tile alive at a time
         seen = l > 0
         out[..., i0:i1, :] = torch.where(seen[..., None], acc / torch.where(seen, l, 1.0)[..., None], 0.0)
-        lse[..., i0:i1] = torch.where(seen, m + torch.log(torch.where(seen, l, 1.0)), -math.inf)
+        lse[..., i0:i1] = torch.where(seen, (m + torch.log2(torch.where(seen, l, 1.0))) * _LN2, -math.inf)
     return out, lse
 
 
@@ -169,7 +174,7 @@ def tiled_backward_torch(q, k, v, out, lse, d_out, vis: Visibility, scale: float
     T, S = q.shape[-2], k.shape[-2]
     work = _work_dtype(q.dtype)
     delta = (d_out.to(work) * out.to(work)).sum(dim=-1)  # (..., T): rowsum(dO * O)
-    lse_safe = torch.where(torch.isfinite(lse), lse, math.inf).to(work)  # exp(s - inf) = 0 for empty rows
+    lse_safe = torch.where(torch.isfinite(lse), lse * _LOG2E, math.inf).to(work)  # base 2; exp2(s - inf) = 0
     dq = torch.zeros(q.shape, dtype=work, device=q.device)
     dk = torch.zeros(k.shape, dtype=work, device=q.device)
     dv = torch.zeros(v.shape, dtype=work, device=q.device)
@@ -181,10 +186,10 @@ def tiled_backward_torch(q, k, v, out, lse, d_out, vis: Visibility, scale: float
                 continue
             k_t, v_t = (k_full, v_full) if keep is True else _zero_unseen(k_full, v_full, keep)
             q_t, do_t = q[..., i0:i1, :].to(work), d_out[..., i0:i1, :].to(work)
-            s = (q_t @ k_t.transpose(-2, -1)) * scale  # (..., bq, Dh) @ (..., Dh, bk) -> (..., bq, bk)
+            s = (q_t @ k_t.transpose(-2, -1)) * (scale * _LOG2E)  # (..., bq, Dh) @ (..., Dh, bk) -> (..., bq, bk)
             if keep is not True:
                 s.masked_fill_(~keep, -math.inf)
-            p = torch.exp(s - lse_safe[..., i0:i1, None])  # the forward's weights, recomputed
+            p = torch.exp2(s.sub_(lse_safe[..., i0:i1, None]), out=s)  # the forward's weights, recomputed
             dv[..., j0:j1, :] += p.transpose(-2, -1) @ do_t  # (..., bk, bq) @ (..., bq, Dv) -> (..., bk, Dv)
             dp = do_t @ v_t.transpose(-2, -1)  # (..., bq, Dv) @ (..., Dv, bk) -> (..., bq, bk)
             ds = p * (dp - delta[..., i0:i1, None])
