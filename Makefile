@@ -53,7 +53,9 @@ lint: $(VENV)/.test
 # Unit, parity and chapter tests and every notebook under nbval, on 2 workers; then the book is
 # built (warnings are errors) and tested as HTML and in a real browser.
 test: lint $(VENV)/.vendor browser
-	$(PY) -m pytest -n 2 --dist loadfile --nbval-lax tests/unit tests/parity tests/chapters notebooks
+	# One BLAS/OpenMP thread per worker: two workers already use both cores, and oversubscribed
+	# OpenMP threads spin and slow each other down many times over.
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --nbval-lax tests/unit tests/parity tests/chapters notebooks
 	$(PY) -m pytest tests/book
 
 test-fast: $(VENV)/.test
