@@ -68,11 +68,13 @@ def _click_svg_control(tab) -> str:
         steps = len(slider["steps"])
         active = slider.get("active", 0) or 0
         target = 0 if active == steps - 1 else steps - 1
-        rail = tab.locator(f"{main} .slider-container").first.locator(".slider-rail-touch-rect")
-        rail.scroll_into_view_if_needed()
-        box = rail.bounding_box()
-        x = box["x"] + box["width"] * (0.01 + 0.98 * target / max(steps - 1, 1))
-        tab.mouse.click(x, box["y"] + box["height"] / 2)
+        # Press the rail at the target step's tick mark (a wide figure may scroll sideways).
+        container = tab.locator(f"{main} .slider-container").first
+        tick = container.locator(".slider-tick-rect").nth(target)
+        tick.scroll_into_view_if_needed()
+        rail = container.locator(".slider-rail-touch-rect").bounding_box()
+        mark = tick.bounding_box()
+        tab.mouse.click(mark["x"] + mark["width"] / 2, rail["y"] + rail["height"] / 2)
         return f"slider step {target} of {steps}"
     menu = layout["menus"][0]
     active = menu.get("active", 0) or 0
