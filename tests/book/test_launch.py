@@ -82,3 +82,14 @@ def test_readme_says_how_to_publish_the_book():
     section = readme.split("## Publishing the book", 1)
     assert len(section) == 2, "README.md has no 'Publishing the book' section"
     assert "_build/html" in section[1]
+
+
+def test_binder_installs_the_requirements_and_the_package():
+    """The Binder button opens a notebook that imports selfattn: binder/ installs the course's
+    requirements (CPU torch) and then the package from the repository itself."""
+    requirements = (ROOT / "binder" / "requirements.txt").read_text().splitlines()
+    assert "-r ../requirements.txt" in requirements
+    assert any(line.startswith("--extra-index-url https://download.pytorch.org/whl/cpu") for line in requirements)
+    post_build = ROOT / "binder" / "postBuild"
+    assert post_build.stat().st_mode & 0o111, "binder/postBuild must be executable"
+    assert "pip install --no-deps ." in post_build.read_text()
