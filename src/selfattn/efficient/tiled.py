@@ -74,6 +74,27 @@ class Visibility:
             return True if (last_k - first_q < self.window and last_q - first_k < self.window) else None
         return True
 
+    def key_span(self, i0: int, i1: int, j0: int, j1: int) -> tuple[int, int]:
+        """The part of key columns [j0, j1) that the causal/window structure lets some query of rows
+        [i0, i1) see (``mask`` not consulted); empty (start >= stop) if none."""
+        if self.causal_offset is not None:
+            j1 = min(j1, i1 + self.causal_offset)  # keys j <= (i1 - 1) + offset
+            if self.window is not None:
+                j0 = max(j0, i0 + self.causal_offset - self.window + 1)
+        elif self.window is not None:
+            j0, j1 = max(j0, i0 - self.window + 1), min(j1, i1 + self.window - 1)
+        return j0, j1
+
+    def band(self, i0: int, j0: int) -> tuple[int | None, int | None]:
+        """Diagonals ``(lo, hi)`` (as in ``torch.triu``/``torch.tril``) of the tile starting at row i0,
+        column j0: the structure keeps tile entry (r, c) iff ``lo <= c - r <= hi`` (None: no bound)."""
+        if self.causal_offset is not None:
+            hi = i0 + self.causal_offset - j0
+            return (None if self.window is None else hi - self.window + 1), hi
+        if self.window is not None:
+            return i0 - j0 - self.window + 1, i0 - j0 + self.window - 1
+        return None, None
+
     def tile(self, i0: int, i1: int, j0: int, j1: int, device) -> torch.Tensor | bool:
         """The keep-mask of tile rows [i0, i1) and columns [j0, j1): a bool tensor broadcastable
         to (..., i1 - i0, j1 - j0), or True (all visible) or False (nothing visible: skip it)."""
@@ -108,6 +129,24 @@ def _zero_unseen(k_t, v_t, keep):
     return torch.where(seen, k_t, 0.0), torch.where(seen, v_t, 0.0)
 
 
+def _hide_(s, keep, vis: Visibility, lead: torch.Size, i0: int, j0: int):
+    """Replace the scores of the pairs a partially visible tile hides by -inf, in place.
+
+    ``s`` (BH, bq, bk) is viewed as (*lead, bq, bk) against ``keep``. A user mask is applied with
+    ``masked_fill_``; a purely structural (causal/window) tile with ``tril_``/``triu_`` (which write
+    zeros, so a NaN stored there is replaced too, DESIGN.md) and then an additive -inf bias, several
+    times faster than a broadcast ``masked_fill_`` on a CPU."""
+    if vis.mask is not None:
+        s.view(*lead, *s.shape[-2:]).masked_fill_(~keep, -math.inf)
+        return s
+    lo, hi = vis.band(i0, j0)
+    if hi is not None:
+        s.tril_(hi)
+    if lo is not None:
+        s.triu_(lo)
+    return s.add_(torch.zeros(keep.shape, dtype=s.dtype, device=s.device).masked_fill_(~keep, -math.inf))
+
+
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     """Arithmetic dtype: float32 for half-precision inputs (DESIGN.md), else the input's own."""
     return torch.float32 if dtype in _HALF else dtype
@@ -126,40 +165,45 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
     sees no key (its output row is zero). ``reverse_key_tiles`` visits the key tiles last to first,
     which must not change the result (tests use it). Source: Dao et al. (2022), Algorithm 1.
     """
-    T, S, Dv = q.shape[-2], k.shape[-2], v.shape[-1]
-    work = _work_dtype(q.dtype)
-    out = torch.empty(q.shape[:-1] + (Dv,), dtype=q.dtype, device=q.device)  # (..., T, Dv)
-    lse = torch.empty(q.shape[:-1], dtype=work, device=q.device)  # (..., T)
+    T, S, Dh, Dv, lead = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.shape[:-2]
+    work, dev = _work_dtype(q.dtype), q.device
+    q3 = q.reshape(-1, T, Dh)  # (..., T, Dh) -> (BH, T, Dh): one batch axis for bmm
+    BH = q3.shape[0]
+    out = torch.empty(BH, T, Dv, dtype=q.dtype, device=dev)
+    lse = torch.empty(BH, T, dtype=work, device=dev)
+    tile_buffer = torch.empty(BH * min(block_q, T) * min(block_k, S), dtype=work, device=dev)  # reused
     key_tiles = _tiles(S, block_k)[::-1] if reverse_key_tiles else _tiles(S, block_k)
     for i0, i1 in _tiles(T, block_q):
-        q_t = q[..., i0:i1, :].to(work) * (scale * _LOG2E)  # (..., bq, Dh), float32 for half inputs
-        m = torch.full(q_t.shape[:-1], -math.inf, dtype=work, device=q.device)  # running max (..., bq), base 2
-        l = torch.zeros(q_t.shape[:-1], dtype=work, device=q.device)  # running sum of exp2(s - m)
-        acc = torch.zeros(q_t.shape[:-1] + (Dv,), dtype=work, device=q.device)  # (..., bq, Dv)
+        q_t = q3[:, i0:i1].to(work) * (scale * _LOG2E)  # (BH, bq, Dh), float32 for half inputs
+        m = torch.full((BH, i1 - i0), -math.inf, dtype=work, device=dev)  # running max (BH, bq), base 2
+        l = torch.zeros((BH, i1 - i0), dtype=work, device=dev)  # running sum of exp2(s - m)
+        acc = torch.zeros((BH, i1 - i0, Dv), dtype=work, device=dev)  # (BH, bq, Dv)
         for j0, j1 in key_tiles:
-            keep = vis.tile(i0, i1, j0, j1, q.device)
+            j0, j1 = vis.key_span(i0, i1, j0, j1)  # only keys some query of the tile may see
+            keep = vis.tile(i0, i1, j0, j1, dev) if j0 < j1 else False
             if keep is False:  # the whole tile is masked: no arithmetic at all
                 continue
             k_t, v_t = k[..., j0:j1, :].to(work), v[..., j0:j1, :].to(work)
-            if keep is not True:
+            if keep is not True and vis.mask is not None:
                 k_t, v_t = _zero_unseen(k_t, v_t, keep)
-            s = q_t @ k_t.transpose(-2, -1)  # (..., bq, Dh) @ (..., Dh, bk) -> (..., bq, bk)
+            k_t, v_t = k_t.reshape(BH, j1 - j0, Dh), v_t.reshape(BH, j1 - j0, Dv)  # (..., bk, D) -> (BH, bk, D)
+            s = tile_buffer[: BH * (i1 - i0) * (j1 - j0)].view(BH, i1 - i0, j1 - j0)
+            torch.bmm(q_t, k_t.transpose(1, 2), out=s)  # (BH, bq, Dh) @ (BH, Dh, bk) -> (BH, bq, bk)
             if keep is not True:
-                s.masked_fill_(~keep, -math.inf)
+                _hide_(s, keep, vis, lead, i0, j0)
             m_new = torch.maximum(m, s.amax(dim=-1))
             # A row that has seen only masked entries keeps m = -inf: shift by 0 so that
             # exp(-inf - -inf) = NaN never happens; exp(-inf - 0) = 0 adds nothing.
-            shift = torch.where(m_new == -math.inf, 0.0, m_new)
-            p = torch.exp2(s.sub_(shift[..., None]), out=s)  # in place: one (bq, bk) buffer per tile
-            correction = torch.exp2(m - shift)  # (..., bq): rescales what was summed under the old max
+            shift = m_new if keep is True else torch.where(m_new == -math.inf, 0.0, m_new)
+            p = torch.exp2(s.sub_(shift[..., None]), out=s)  # in place: the one tile buffer
+            correction = torch.exp2(m - shift)  # (BH, bq): rescales what was summed under the old max
             l.mul_(correction).add_(p.sum(dim=-1))
-            acc.mul_(correction[..., None]).add_(p @ v_t)  # (..., bq, bk) @ (..., bk, Dv) -> (..., bq, Dv)
+            acc.mul_(correction[..., None]).baddbmm_(p, v_t)  # += (BH, bq, bk) @ (BH, bk, Dv) -> (BH, bq, Dv)
             m = m_new
-            del s, p  # free this tile before the next one is allocated: one tile alive at a time
         seen = l > 0
-        out[..., i0:i1, :] = torch.where(seen[..., None], acc / torch.where(seen, l, 1.0)[..., None], 0.0)
-        lse[..., i0:i1] = torch.where(seen, (m + torch.log2(torch.where(seen, l, 1.0))) * _LN2, -math.inf)
-    return out, lse
+        out[:, i0:i1] = torch.where(seen[..., None], acc / torch.where(seen, l, 1.0)[..., None], 0.0)
+        lse[:, i0:i1] = torch.where(seen, (m + torch.log2(torch.where(seen, l, 1.0))) * _LN2, -math.inf)
+    return out.view(*lead, T, Dv), lse.view(*lead, T)  # (BH, T, Dv) -> (..., T, Dv)
 
 
 @torch.no_grad()
