@@ -60,3 +60,26 @@ def minilm():
     from selfattn.pretrained import load_minilm
 
     return load_minilm()
+
+
+@pytest.fixture(scope="session")
+def hf_model():
+    """The reference implementation: transformers' BertModel on the same files (eager attention,
+    so that it returns its weights), loaded once per session from the local package directory."""
+    transformers = pytest.importorskip("transformers")
+    from selfattn.pretrained import model_dir
+
+    model = transformers.BertModel.from_pretrained(
+        str(model_dir()), attn_implementation="eager", local_files_only=True
+    )
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Train tiny models on one thread: with small matrices it is several times faster than two,
+    and on a shared CPU it is predictable. Restored after the module."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from selfattn.pretrained import model_dir
 from selfattn.viz.embeddings import cosine_matrix, word_positions, word_vectors_by_layer
 
 RIVER = "I sat on the river bank."
@@ -29,15 +28,6 @@ SIX = [  # "bank" at position 4 in each: three river senses, then three money se
 ]
 # our encoder vs transformers, per hidden-state value (as in tests/parity/test_parity_minilm.py)
 AGREE = 1e-4
-
-
-@pytest.fixture(scope="module")
-def hf_model():
-    transformers = pytest.importorskip("transformers")
-    model = transformers.BertModel.from_pretrained(
-        str(model_dir()), attn_implementation="eager", local_files_only=True
-    )
-    return model.eval()
 
 
 @pytest.fixture(scope="module")

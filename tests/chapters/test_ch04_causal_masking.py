@@ -19,15 +19,6 @@ from selfattn.models import (
 )
 
 
-@pytest.fixture
-def one_thread():
-    """The tiny model trains fastest on one thread (and predictably on a shared CPU)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_claim_12_causal_mask_blocks_the_future():
     # The mask is the lower triangle, diagonal included (numpy's tril is the oracle).
     for T in (1, 2, 5):

@@ -23,14 +23,6 @@ from selfattn.models.gpt import GPT, GPTConfig, train_lm, unigram_cross_entropy
 
 
 @pytest.fixture(scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # small matrices: one thread is fastest on a shared CPU
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
 def trained(one_thread):
     """The test's budget (smaller than the chapter's): 250 steps of 16 windows of 32 characters.
 

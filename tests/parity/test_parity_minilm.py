@@ -27,15 +27,6 @@ WEIGHTS_TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def hf_model():
-    transformers = pytest.importorskip("transformers")
-    model = transformers.BertModel.from_pretrained(
-        str(model_dir()), attn_implementation="eager", local_files_only=True
-    )
-    return model.eval()
-
-
-@pytest.fixture(scope="module")
 def both(hf_model):
     minilm = load_minilm()
     ours = minilm.run(SENTENCES, output_weights=True)

@@ -51,15 +51,6 @@ def test_no_position_reads_the_query_and_rows_sum_to_one():
     assert (row - 1 / 8).abs().max().item() < 0.05
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny matrices: one thread is several times faster than many on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_claim_20_training_learns_to_answer_and_to_address(one_thread):
     """Measured (seed 0, 300 steps, 4-8 s on a shared CPU): accuracy 1.00 on 2000 fresh examples,
     top-1 addressing 1.00, mean weight on the matching pair 0.91 (uniform: 0.125)."""
