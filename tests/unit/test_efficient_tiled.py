@@ -227,3 +227,18 @@ def test_bad_inputs_raise_with_names():
         tiled_attention(q, k.float(), v)
     with pytest.raises(ValueError, match="d_head"):
         tiled_attention(q, k[..., :1], v)
+
+
+def test_a_visible_nan_key_gives_nan_like_the_reference_not_a_zero_row():
+    # Regression: `l > 0` is False for NaN, so a query that saw a NaN key got a silent zero row.
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, 8, generator=gen) for n in (4, 6, 6))
+    k[..., 2, :] = float("nan")
+    out = tiled_attention(q, k, v, block_q=2, block_k=4)
+    assert torch.isnan(out).all()  # every query sees key 2, as in naive attention
+    keep = torch.ones(4, 6, dtype=torch.bool)
+    keep[:, 2] = False  # once key 2 is masked, the NaN stored there must not leak
+    torch.testing.assert_close(
+        tiled_attention(q, k, v, keep, block_q=2, block_k=4),
+        selfattn.scaled_dot_product_attention(q, k, v, keep), rtol=1e-5, atol=1e-6,
+    )

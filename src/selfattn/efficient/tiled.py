@@ -200,7 +200,7 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
             l.mul_(correction).add_(p.sum(dim=-1))
             acc.mul_(correction[..., None]).baddbmm_(p, v_t)  # += (BH, bq, bk) @ (BH, bk, Dv) -> (BH, bq, Dv)
             m = m_new
-        seen = l > 0
+        seen = l != 0  # not `l > 0`: a NaN score (a visible NaN key) must give NaN, not a zero row
         out[:, i0:i1] = torch.where(seen[..., None], acc / torch.where(seen, l, 1.0)[..., None], 0.0)
         lse[:, i0:i1] = torch.where(seen, (m + torch.log2(torch.where(seen, l, 1.0))) * _LN2, -math.inf)
     return out.view(*lead, T, Dv), lse.view(*lead, T)  # (BH, T, Dv) -> (..., T, Dv)
