@@ -72,7 +72,7 @@ if triton is not None:
             l_i = l_i * correction + tl.sum(p, 1)
             acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
-        seen = l_i > 0
+        seen = l_i != 0  # NaN (a visible NaN key) must stay NaN, as in the torch path
         safe_l = tl.where(seen, l_i, 1.0)
         out = tl.where(seen[:, None], acc / safe_l[:, None], 0.0)
         lse = tl.where(seen, m_i + tl.log(safe_l), float("-inf"))
