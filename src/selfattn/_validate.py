@@ -1,5 +1,5 @@
 """Argument checks shared by every module, so that every error names the argument, what it got and
-what was expected (DESIGN.md, "Contracts every module keeps")."""
+what was expected (the contracts are listed on the book's "Mask conventions" page and in chapter 04)."""
 
 from __future__ import annotations
 
@@ -73,6 +73,10 @@ def require_qkv(q, k, v) -> None:
             "q, k and v must have the same leading (batch, head) dims; got "
             f"q {shape_of(q)}, k {shape_of(k)}, v {shape_of(v)}"
         )
+    if q.shape[-1] == 0:
+        raise ValueError(f"d_head (the last dim of q and k) must be > 0; got q {shape_of(q)}")
+    if k.shape[-2] == 0:
+        raise ValueError(f"k and v must hold at least one position (S > 0); got k {shape_of(k)}")
 
 
 def require_broadcastable(name: str, x, target: Sequence[int], what: str) -> None:

@@ -1,6 +1,6 @@
 """Scaled dot-product attention in torch, and a single attention head as an ``nn.Module``.
 
-The function keeps every contract of DESIGN.md: boolean keep-masks applied by replacement before
+The function keeps the package's contracts (book page "Mask conventions"): boolean keep-masks applied by replacement before
 the softmax, zero rows (never NaN) for queries that see nothing, scaling by ``sqrt(d_head)``,
 float32 arithmetic for half-precision inputs. Introduced in chapter 03; masks in chapter 04.
 """
@@ -124,6 +124,13 @@ def scaled_dot_product_attention(
         require_tensor(name, x)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.dtype.is_floating_point:
+        raise TypeError(f"q, k and v must be floating-point tensors; got dtype {q.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
+    for name, x in (("mask", mask), ("bias", bias)):
+        if x is not None and isinstance(x, torch.Tensor) and x.device != q.device:
+            raise ValueError(f"{name} must be on the device of q ({q.device}); got {x.device}")
     require_qkv(q, k, v)
     require_scale(scale)
     require_probability("dropout_p", dropout_p)

@@ -443,3 +443,28 @@ def test_public_names_exist():
         "ref",
     ):
         assert hasattr(selfattn, name)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_non_floating_inputs_are_refused_by_name(dtype):
+    # Regression: integer inputs reached torch's matmul and failed with an internal error.
+    x = torch.ones(1, 2, 3, 4, dtype=dtype)
+    with pytest.raises(TypeError, match=r"floating-point tensors; got dtype"):
+        sdpa(x, x, x)
+
+
+def test_empty_keys_and_zero_width_heads_are_refused(gen):
+    q, k, v = _qkv(gen)
+    with pytest.raises(ValueError, match=r"at least one position \(S > 0\)"):
+        sdpa(q, k[..., :0, :], v[..., :0, :])
+    with pytest.raises(ValueError, match=r"d_head .* must be > 0"):
+        sdpa(q[..., :0], k[..., :0], v)
+
+
+def test_inputs_on_different_devices_are_refused(gen):
+    # Regression: a key tensor on another device gave uninitialised memory, with no error.
+    q, k, v = _qkv(gen)
+    with pytest.raises(ValueError, match=r"one device"):
+        sdpa(q, k.to("meta"), v)
+    with pytest.raises(ValueError, match=r"mask must be on the device of q"):
+        sdpa(q, k, v, torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device="meta"))

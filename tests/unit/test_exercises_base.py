@@ -153,3 +153,11 @@ def test_to_numpy():
     np.testing.assert_array_equal(out, [1.0, 2.0])
     assert to_numpy(object()) is None
     assert to_numpy("abc") is None
+
+
+def test_a_forgotten_return_is_named():
+    # Regression: None became array(nan) and the feedback spoke of shapes or NaN instead.
+    from selfattn.exercises import ch00
+
+    fb = ch00.check_dot_product(lambda a, b: None)
+    assert not fb.ok and "returned None" in fb.message and "forget `return`" in fb.message

@@ -243,3 +243,12 @@ def test_attention_bad_inputs(rng):
         ref.scaled_dot_product_attention(q, k, v, scale=0)
     with pytest.raises(TypeError, match=r"q must be a NumPy array"):
         ref.scaled_dot_product_attention(torch.from_numpy(q), k, v)
+
+
+def test_softmax_propagates_nan_instead_of_returning_a_zero_row():
+    # Regression: a NaN among visible scores gave a silent all-zero row.
+    out = ref.softmax(np.array([[np.nan, 0.0], [1.0, 2.0]]))
+    assert np.isnan(out[0]).all()
+    np.testing.assert_allclose(out[1], [1 / (1 + np.e), np.e / (1 + np.e)], rtol=1e-12)
+    masked = ref.softmax(np.array([np.nan, 0.0]), mask=np.array([False, True]))
+    np.testing.assert_allclose(masked, [0.0, 1.0], rtol=0, atol=0)

@@ -124,7 +124,7 @@ def _zero_unseen(k_t, v_t, keep):
     """Zero the keys and values of the tile that no query of the tile may read.
 
     0 * NaN = NaN, so a NaN stored at a masked position would otherwise reach the output through
-    the matrix product even with weight 0 (DESIGN.md: masking is by replacement)."""
+    the matrix product even with weight 0 (masking is by replacement)."""
     seen = keep.any(dim=-2)[..., None]  # (..., bq, bk) -> (..., bk, 1)
     return torch.where(seen, k_t, 0.0), torch.where(seen, v_t, 0.0)
 
@@ -134,7 +134,7 @@ def _hide_(s, keep, vis: Visibility, lead: torch.Size, i0: int, j0: int):
 
     ``s`` (BH, bq, bk) is viewed as (*lead, bq, bk) against ``keep``. A user mask is applied with
     ``masked_fill_``; a purely structural (causal/window) tile with ``tril_``/``triu_`` (which write
-    zeros, so a NaN stored there is replaced too, DESIGN.md) and then an additive -inf bias, several
+    zeros, so a NaN stored there is replaced too) and then an additive -inf bias, several
     times faster than a broadcast ``masked_fill_`` on a CPU."""
     if vis.mask is not None:
         s.view(*lead, *s.shape[-2:]).masked_fill_(~keep, -math.inf)
@@ -148,7 +148,7 @@ def _hide_(s, keep, vis: Visibility, lead: torch.Size, i0: int, j0: int):
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Arithmetic dtype: float32 for half-precision inputs (DESIGN.md), else the input's own."""
+    """Arithmetic dtype: float32 for half-precision inputs, else the input's own."""
     return torch.float32 if dtype in _HALF else dtype
 
 

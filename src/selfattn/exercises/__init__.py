@@ -81,11 +81,14 @@ def call_learner(exercise: str, fn: Callable, *args, **kwargs):
     if not callable(fn):
         raise _LearnerError(failed(exercise, f"Pass your function itself, not {type(fn).__name__}."))
     try:
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
     except NotImplementedError:
         raise _LearnerError(not_attempted(exercise)) from None
     except Exception as err:  # the learner's bug is reported, not raised
         raise _LearnerError(failed(exercise, f"Your function raised {type(err).__name__}: {err}")) from None
+    if result is None:
+        raise _LearnerError(failed(exercise, "Your function returned None: did you forget `return`?"))
+    return result
 
 
 def checker(exercise: str):

@@ -54,10 +54,13 @@ def softmax(x, axis: int = -1, mask=None) -> np.ndarray:
     # Replace, do not add: a masked entry must not take part even if it is NaN or inf.
     x = np.where(mask, x, -np.inf)
     row_max = np.max(x, axis=axis, keepdims=True)
-    row_max = np.where(np.isfinite(row_max), row_max, 0.0)  # a fully masked slice has max -inf
-    e = np.where(mask, np.exp(x - row_max), 0.0)
-    total = np.sum(e, axis=axis, keepdims=True)
-    return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    # A fully masked slice has max -inf: shift it by 0 instead. Only -inf is special-cased, so a NaN
+    # (or +inf) among the visible entries still gives NaN, never a silent zero row.
+    row_max = np.where(row_max == -np.inf, 0.0, row_max)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.where(mask, np.exp(x - row_max), 0.0)
+        total = np.sum(e, axis=axis, keepdims=True)
+        return np.divide(e, total, out=np.zeros_like(e), where=total != 0)
 
 
 def causal_mask(T: int, S: int | None = None, *, alignment: str | None = None) -> np.ndarray:
