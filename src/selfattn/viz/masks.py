@@ -293,7 +293,7 @@ def padding_drift_figure(
     """How a quantity moves as padding is added to a batch: one line per ``series`` entry.
 
     Args:
-        n_pads: the numbers of padding tokens added (x axis).
+        n_pads: the number of padding tokens in the sentence's row of the batch (x axis).
         series: ``{label: values}``, one value per entry of ``n_pads``.
         y_title: what the values are (e.g. "cosine to the unpadded sentence vector").
 
@@ -311,11 +311,11 @@ def padding_drift_figure(
     for i, (label, values) in enumerate(series.items()):
         fig.add_trace(go.Scatter(x=list(n_pads), y=list(values), mode="lines+markers", name=label,
                                  line={"color": colours[i % len(colours)], "dash": "solid" if i == 0 else "dash"}))  # fmt: skip
-    fig.update_layout(title=f"{y_title} as padding is added", xaxis_title="padding tokens added to the batch",
+    fig.update_layout(title=f"{y_title} as padding is added", xaxis_title="padding tokens in the short sentence's row",
                       yaxis_title=y_title, template="plotly_white", height=420,
                       legend={"orientation": "h", "y": -0.25})  # fmt: skip
     ends = "; ".join(f"{k}: {v[0]:.3f} with {n_pads[0]} and {v[-1]:.3f} with {n_pads[-1]} padding tokens"
                      for k, v in series.items())  # fmt: skip
     return describe(
-        fig, f"Line chart of {y_title} against the number of padding tokens added. {ends}."
+        fig, f"Line chart of {y_title} against the number of padding tokens in the row. {ends}."
     )
