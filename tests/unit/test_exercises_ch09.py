@@ -1,6 +1,7 @@
 """Exercise checks of chapter 09: the reference solutions pass, typical mistakes get the right words."""
 
 import numpy as np
+import torch
 
 from selfattn.exercises import ch09
 
@@ -93,3 +94,31 @@ def test_online_not_attempted():
         raise NotImplementedError
 
     assert not ch09.check_online_attention(stub).attempted
+
+
+def test_merge_nan_on_both_empty_rows_says_use_shift_zero():
+    """The textbook merge gives NaN only where both maxima are -inf: the feedback must say what to do
+    there (shift by 0), not repeat exp(m_i - m), which the learner already did."""
+
+    def textbook(m1, l1, m2, l2):
+        m = np.maximum(m1, m2)
+        with np.errstate(invalid="ignore"):
+            return m, l1 * np.exp(m1 - m) + l2 * np.exp(m2 - m)
+
+    feedback = ch09.check_merge_states(textbook)
+    assert not feedback, feedback.message
+    assert "both maxima are -inf" in feedback.message and "shift of 0" in feedback.message, feedback.message
+    assert "never" not in feedback.message, feedback.message
+
+
+def test_online_attention_accepts_float32_and_says_close():
+    def float32(q, k, v, block_size):  # right, but in float32: off by ~1e-7
+        q, k, v = (torch.from_numpy(x).float() for x in (q, k, v))
+        return torch.softmax(q @ k.T / q.shape[-1] ** 0.5, dim=-1) @ v  # (T, Dh) @ (Dh, S) @ (S, Dv)
+
+    def with_eps(q, k, v, block_size):  # an epsilon in the final division: off by ~1e-4
+        return solution_online(q, k, v, block_size) * (1 - 1e-4)
+
+    assert ch09.check_online_attention(float32)
+    feedback = ch09.check_online_attention(with_eps)
+    assert not feedback and "Close" in feedback.message and "1e-05" in feedback.message, feedback.message
