@@ -74,3 +74,15 @@ def test_block_edge_mistakes():
     assert not feedback and "copy" in feedback.message
     feedback = ch10.check_block_edge(lambda w, i, j: np.zeros_like(w))
     assert not feedback and "wrong values" in feedback.message
+
+
+def test_moved_norms_accepts_float32_and_says_close():
+    def float32(weights, V, W_O):  # right, but in float32: off by ~1e-6
+        return moved_norms(weights.float(), V.float(), W_O.float())
+
+    def with_eps(weights, V, W_O):  # a small leftover factor: off by ~1e-4 relative
+        return moved_norms(weights, V, W_O) * (1 - 1e-4)
+
+    assert ch10.check_moved_norms(float32)
+    feedback = ch10.check_moved_norms(with_eps)
+    assert not feedback and "Close" in feedback.message and "1e-05" in feedback.message, feedback.message
