@@ -58,3 +58,8 @@ def test_append_to_cache_wrong_values_are_named():
         lambda K, V, k, v: (torch.cat([K, k], dim=-2), torch.cat([V, V[..., :1, :]], dim=-2))
     )
     assert not stale and "V has the right shape but wrong values" in stale.message
+
+
+def test_append_to_cache_accepts_a_list_pair():
+    # the same rule as exercise 6.2: any 2-sequence (tuple or list) is a pair
+    assert ch11.check_append_to_cache(lambda *args: list(append_to_cache(*args)))

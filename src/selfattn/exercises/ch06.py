@@ -113,8 +113,8 @@ def check_multi_head_attention(fn):
         for n in ("W_Q", "W_K", "W_V", "W_O")
     }
     result = call_learner(ex, fn, X.clone(), *(w.clone() for w in W.values()), _H)
-    if not (isinstance(result, tuple) and len(result) == 2):
-        return failed(ex, "Return a pair (out, weights).")
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        return failed(ex, f"Return a pair (out, weights); got {type(result).__name__}.")
     out, weights = to_numpy(result[0]), to_numpy(result[1])
     Xn, Wn = X.numpy(), {k: v.numpy() for k, v in W.items()}
     exp_out, exp_weights = ref.multi_head_attention(Xn, Xn, *Wn.values(), _H, return_weights=True)
