@@ -101,3 +101,20 @@ def test_masked_softmax_rejects_right_shape_wrong_values():
     # Masked correctly, rows sum to one, but the scores were halved (a temperature of 2).
     feedback = ch04.check_masked_softmax(lambda s, k: selfattn.masked_softmax(s / 2, k))
     assert not feedback and "wrong values" in feedback.message
+
+
+def test_causal_mask_one_dtype_rule_for_tensors_arrays_and_lists():
+    # regression: a list of 0/1 ints passed while a float tensor was refused; the rule is now one:
+    # boolean (torch, NumPy or a list of bools) passes, any 0/1 number mask is refused with the same words
+    assert ch04.check_causal_mask(lambda T: _tril(T).numpy())
+    assert ch04.check_causal_mask(lambda T: _tril(T).tolist())
+    wrong = {
+        "list of ints": lambda T: _tril(T).int().tolist(),
+        "torch float": lambda T: _tril(T).float(),
+        "numpy int": lambda T: _tril(T).numpy().astype(int),
+    }
+    for name, fn in wrong.items():
+        feedback = ch04.check_causal_mask(fn)
+        assert not feedback, name
+        assert "boolean tensor (True = may attend)" in feedback.message, (name, feedback.message)
+        assert "you returned dtype" in feedback.message and ".bool()" in feedback.message, feedback.message

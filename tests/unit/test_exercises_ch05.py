@@ -100,3 +100,19 @@ def test_cross_attention_catches_weights_scale_and_axis():
 def test_cross_attention_rejects_right_shape_wrong_values():
     feedback = ch05.check_cross_attention(lambda *args: _cross(*args) + 0.5)
     assert not feedback and "wrong values" in feedback.message
+
+
+def test_padding_mask_one_dtype_rule_for_tensors_arrays_and_lists():
+    # regression: a NumPy int array passed while a torch int64 tensor was refused; the rule is now
+    # the same as exercise 4.1's: boolean passes in any container, a 0/1 number mask is refused
+    assert ch05.check_padding_mask(lambda lengths, S: _keep(lengths, S).numpy())
+    wrong = {
+        "numpy int": lambda lengths, S: _keep(lengths, S).numpy().astype(int),
+        "torch int64": lambda lengths, S: _keep(lengths, S).long(),
+        "list of ints": lambda lengths, S: _keep(lengths, S).int().tolist(),
+    }
+    for name, fn in wrong.items():
+        feedback = ch05.check_padding_mask(fn)
+        assert not feedback, name
+        assert "boolean tensor (True = may attend)" in feedback.message, (name, feedback.message)
+        assert "you returned dtype" in feedback.message and ".bool()" in feedback.message, feedback.message

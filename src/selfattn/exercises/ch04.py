@@ -20,17 +20,37 @@ _EX1 = "4.1 causal mask"
 _EX2 = "4.2 masked softmax"
 
 
+def bool_mask_problem(got) -> str | None:
+    """What is wrong with the dtype of a learner's mask, in words; None if it is boolean (or not array-like).
+
+    The course's rule for every mask exercise: a mask is boolean, True = may attend. A torch bool
+    tensor, a NumPy bool array and nested lists of Python bools are all fine; a 0/1 integer or float
+    mask (tensor, array or list) is refused as ambiguous (added to the scores? 1 = blocked?).
+    """
+    if isinstance(got, torch.Tensor):
+        dtype = got.dtype
+        if dtype == torch.bool:
+            return None
+    else:
+        try:
+            dtype = np.asarray(got).dtype
+        except (TypeError, ValueError):
+            return None
+        if dtype.kind not in "iufc":  # bool, or not an array of numbers: judged by the value checks
+            return None
+    return (f"Return a boolean tensor (True = may attend); you returned dtype {dtype}. A 0/1 number mask is "
+            "ambiguous here (added to the scores? 1 = blocked?): convert with .bool() (NumPy: .astype(bool)) "
+            "if 1 means keep.")  # fmt: skip
+
+
 @checker(_EX1)
 def check_causal_mask(fn):
     """``fn(T)`` must return a (T, T) boolean keep-mask: True where query i may attend to key j <= i."""
     for T in (4, 7, 1):  # T = 1 last: there, a missing diagonal and a reversed polarity look alike
         got = call_learner(_EX1, fn, T)
-        if isinstance(got, torch.Tensor) and got.dtype != torch.bool:
-            return failed(_EX1, f"Return a boolean tensor (dtype torch.bool); got dtype {got.dtype}. "
-                                "A float 0/1 tensor is not a mask in this course (it would be added to the "
-                                "scores); compare with >= or build it with torch.tril(...).bool().")  # fmt: skip
-        if isinstance(got, np.ndarray) and got.dtype != np.bool_:
-            return failed(_EX1, f"Return a boolean array; got dtype {got.dtype}.")
+        problem = bool_mask_problem(got)
+        if problem is not None:
+            return failed(_EX1, problem)
         arr = to_numpy(got)
         if arr is None:
             return failed(_EX1, f"Return a tensor; got {type(got).__name__}.")

@@ -15,6 +15,7 @@ import torch
 
 from .. import ref
 from . import call_learner, checker, compare_arrays, failed, passed, to_numpy
+from .ch04 import bool_mask_problem
 
 __all__ = ["check_padding_mask", "check_cross_attention"]
 
@@ -28,9 +29,9 @@ def check_padding_mask(fn):
     keep-mask: True at the real tokens ``j < lengths[b]``, False at the padding."""
     for lengths, S in (([3, 5, 1], 6), ([4, 4], 4), ([2, 7, 0, 5], 9)):
         got = call_learner(_EX1, fn, list(lengths), S)
-        if isinstance(got, torch.Tensor) and got.dtype != torch.bool:
-            return failed(_EX1, f"Return a boolean tensor (dtype torch.bool); got dtype {got.dtype}. Hugging "
-                                "Face's 1/0 integers are another convention; a mask here is True/False.")  # fmt: skip
+        problem = bool_mask_problem(got)
+        if problem is not None:
+            return failed(_EX1, problem)
         arr = to_numpy(got)
         if arr is None:
             return failed(_EX1, f"Return a tensor; got {type(got).__name__}.")
