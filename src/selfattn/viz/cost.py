@@ -103,7 +103,8 @@ def _tiles_traces(scores: np.ndarray, step: dict, final_lse: np.ndarray) -> list
     finite = lambda a: [None if not np.isfinite(x) else round(float(x), 3) for x in a]  # noqa: E731
     return [
         go.Heatmap(z=np.round(shown, 3), x=[f"k{j}" for j in range(S)], y=rows, colorscale=COLORSCALE,
-                   zmin=float(scores.min()), zmax=float(scores.max()), colorbar={"title": "score", "x": 0.46},
+                   zmin=float(scores.min()), zmax=float(scores.max()),
+                   colorbar={"title": "score", "x": 0.43, "xanchor": "left", "thickness": 12},  # in the gap
                    xaxis="x", yaxis="y", hovertemplate="%{y}, %{x}: %{z}<extra></extra>"),
         go.Bar(x=finite(step["lse"]), y=rows, orientation="h", name="log-sum-exp so far", marker_color=_COLOURS[0],
                xaxis="x2", yaxis="y2"),
@@ -116,15 +117,17 @@ def _tiles_traces(scores: np.ndarray, step: dict, final_lse: np.ndarray) -> list
 
 
 def _tiles_base(scores: np.ndarray, title: str) -> go.Figure:
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.14,
-                        subplot_titles=("scores read so far", "per query row"))
+    # One shared row axis (the query labels only on the left), so the gap between the panels holds
+    # the heatmap's colorbar alone; the legend sits above the panels, clear of the slider below.
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.16, shared_yaxes=True)
     lo = float(min(scores.max(axis=-1).min(), scores.min())) - 0.5
     hi = float(logsumexp(scores).max()) + 0.5
-    fig.update_layout(title=title, height=460, template="plotly_white", barmode="overlay",
-                      legend={"orientation": "h", "y": -0.18})
+    fig.update_layout(title=title, height=460, template="plotly_white", barmode="overlay", margin={"t": 100},
+                      legend={"orientation": "h", "x": 1.0, "xanchor": "right", "y": 1.02, "yanchor": "bottom"})
     fig.update_yaxes(autorange="reversed", row=1, col=1)
     fig.update_yaxes(autorange="reversed", row=1, col=2)
-    fig.update_xaxes(range=[lo, hi], title_text="value", row=1, col=2)
+    fig.update_xaxes(title_text="key (scores read so far)", row=1, col=1)
+    fig.update_xaxes(range=[lo, hi], title_text="value, per query row", row=1, col=2)
     return fig
 
 
