@@ -242,3 +242,32 @@ def test_a_visible_nan_key_gives_nan_like_the_reference_not_a_zero_row():
         tiled_attention(q, k, v, keep, block_q=2, block_k=4),
         selfattn.scaled_dot_product_attention(q, k, v, keep), rtol=1e-5, atol=1e-6,
     )
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 512])
+@pytest.mark.parametrize("use_mask", [False, True])
+def test_a_nan_value_reaches_only_the_queries_that_may_see_it(block, use_mask):
+    # Regression: 0 * NaN = NaN, so a NaN value at position 3 (visible to query 3 only under a causal
+    # mask) made every row NaN; the reference gives NaN in row 3 only and the other rows unchanged.
+    q, k, v = _qkv(2, 2, 5, 5, 4, seed=3)
+    v = v.clone()
+    v[..., 3, :] = float("nan")
+    keep = selfattn.causal_mask(5)
+    kwargs = {"mask": keep} if use_mask else {"causal": True}
+    out = tiled_attention(q, k, v, block_q=block, block_k=block, **kwargs)
+    expected = ref.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), keep.numpy())
+    assert np.isnan(expected[..., 3:, :]).all() and np.isfinite(expected[..., :3, :]).all()
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-10, atol=1e-12)  # NaN where expected is
+
+
+def test_a_nan_key_reaches_only_the_queries_that_may_see_it():
+    q, k, v = _qkv(1, 2, 5, 5, 4, seed=4)
+    k = k.clone()
+    k[..., 3, :] = float("nan")
+    keep = selfattn.causal_mask(5)
+    expected = ref.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), keep.numpy())
+    assert np.isnan(expected[..., 3:, :]).all() and np.isfinite(expected[..., :3, :]).all()
+    for block in (1, 2, 512):
+        for kwargs in ({"causal": True}, {"mask": keep}):
+            out = tiled_attention(q, k, v, block_q=block, block_k=block, **kwargs)
+            np.testing.assert_allclose(out.numpy(), expected, rtol=1e-10, atol=1e-12)

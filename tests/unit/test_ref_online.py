@@ -86,3 +86,36 @@ def test_online_attention_rejects_bad_block_size():
         online.online_attention(q, q, q, 0)
     with pytest.raises(TypeError, match="block_size"):
         online.online_softmax(q, 1.5)
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 5])
+def test_online_attention_nan_value_reaches_only_the_queries_that_may_see_it(block_size):
+    # Regression: a NaN value at position 3, visible to query 3 only (causal), made every row NaN.
+    rng = np.random.default_rng(5)
+    q, k, v = rng.normal(size=(2, 5, 4)), rng.normal(size=(2, 5, 4)), rng.normal(size=(2, 5, 3))
+    v[:, 3] = np.nan
+    mask = ref.causal_mask(5)
+    expected = ref.scaled_dot_product_attention(q, k, v, mask)
+    assert np.isnan(expected[:, 3:]).all() and np.isfinite(expected[:, :3]).all()
+    got = online.online_attention(q, k, v, block_size, mask=mask)
+    np.testing.assert_allclose(got, expected, rtol=1e-13, atol=1e-14)  # NaN exactly where expected is
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 5])
+def test_online_attention_nan_key_gives_nan_only_in_the_rows_that_see_it(block_size):
+    # Regression: a visible NaN key made l NaN and `l > 0` False, so its rows were silently zero.
+    rng = np.random.default_rng(6)
+    q, k, v = rng.normal(size=(2, 5, 4)), rng.normal(size=(2, 5, 4)), rng.normal(size=(2, 5, 3))
+    k[:, 3] = np.nan
+    mask = ref.causal_mask(5)
+    expected = ref.scaled_dot_product_attention(q, k, v, mask)
+    assert np.isnan(expected[:, 3:]).all() and np.isfinite(expected[:, :3]).all()
+    got, lse = online.online_attention(q, k, v, block_size, mask=mask, return_lse=True)
+    np.testing.assert_allclose(got, expected, rtol=1e-13, atol=1e-14)
+    assert np.isnan(lse[:, 3:]).all() and np.isfinite(lse[:, :3]).all()
+
+
+def test_online_softmax_nan_entry_gives_a_nan_row_like_softmax():
+    x = np.array([[np.nan, 0.0, 1.0], [1.0, 2.0, 3.0]])
+    np.testing.assert_allclose(online.online_softmax(x, 2), ref.softmax(x), rtol=1e-15)
+    assert np.isnan(online.online_softmax(x, 2)[0]).all()

@@ -129,6 +129,18 @@ def _zero_unseen(k_t, v_t, keep):
     return torch.where(seen, k_t, 0.0), torch.where(seen, v_t, 0.0)
 
 
+def _read_tile_values(p, v_t, keep, lead: torch.Size):
+    """``p @ v_t`` for a tile whose values hold a non-finite entry: it reaches only the rows that
+    may see it (as ``selfattn.attention._read_values``); 0 * NaN = NaN would spread it to every row.
+
+    ``p`` (BH, bq, bk), ``v_t`` (BH, bk, Dv), ``keep`` a bool tensor broadcastable to (*lead, bq, bk)."""
+    bad = ~torch.isfinite(v_t)  # (BH, bk, Dv)
+    clean = p @ torch.where(bad, 0.0, v_t)  # (BH, bq, bk) @ (BH, bk, Dv) -> (BH, bq, Dv)
+    keep = keep.expand(*lead, *keep.shape[-2:]).reshape(p.shape)  # (..., bq, bk) -> (BH, bq, bk)
+    reach = (keep.to(p.dtype) @ bad.to(p.dtype)) > 0  # (BH, bq, Dv): may row i see a bad value?
+    return torch.where(reach, p @ v_t, clean)
+
+
 def _hide_(s, keep, vis: Visibility, lead: torch.Size, i0: int, j0: int):
     """Replace the scores of the pairs a partially visible tile hides by -inf, in place.
 
@@ -173,6 +185,7 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
     lse = torch.empty(BH, T, dtype=work, device=dev)
     tile_buffer = torch.empty(BH * min(block_q, T) * min(block_k, S), dtype=work, device=dev)  # reused
     key_tiles = _tiles(S, block_k)[::-1] if reverse_key_tiles else _tiles(S, block_k)
+    finite_v = bool(torch.isfinite(v).all())  # else a NaN value must reach only the rows that see it
     for i0, i1 in _tiles(T, block_q):
         q_t = q3[:, i0:i1].to(work) * (scale * _LOG2E)  # (BH, bq, Dh), float32 for half inputs
         m = torch.full((BH, i1 - i0), -math.inf, dtype=work, device=dev)  # running max (BH, bq), base 2
@@ -198,7 +211,11 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
             p = torch.exp2(s.sub_(shift[..., None]), out=s)  # in place: the one tile buffer
             correction = torch.exp2(m - shift)  # (BH, bq): rescales what was summed under the old max
             l.mul_(correction).add_(p.sum(dim=-1))
-            acc.mul_(correction[..., None]).baddbmm_(p, v_t)  # += (BH, bq, bk) @ (BH, bk, Dv) -> (BH, bq, Dv)
+            acc.mul_(correction[..., None])
+            if finite_v or keep is True:
+                acc.baddbmm_(p, v_t)  # += (BH, bq, bk) @ (BH, bk, Dv) -> (BH, bq, Dv)
+            else:
+                acc.add_(_read_tile_values(p, v_t, keep, lead))  # slower, exact for non-finite v
             m = m_new
         seen = l != 0  # not `l > 0`: a NaN score (a visible NaN key) must give NaN, not a zero row
         out[:, i0:i1] = torch.where(seen[..., None], acc / torch.where(seen, l, 1.0)[..., None], 0.0)

@@ -39,7 +39,7 @@ class OnlineSoftmaxState:
     def logsumexp(self) -> np.ndarray:
         """``log sum_j exp(x_j)`` of everything seen: ``m + log l``; ``-inf`` for a row with no entry."""
         with np.errstate(divide="ignore"):
-            return np.where(self.l > 0, self.m + np.log(np.where(self.l > 0, self.l, 1.0)), -np.inf)
+            return np.where(self.l != 0, self.m + np.log(np.where(self.l != 0, self.l, 1.0)), -np.inf)
 
 
 def online_softmax_update(state: OnlineSoftmaxState, block) -> np.ndarray:
@@ -78,7 +78,7 @@ def online_softmax(x, block_size: int = 4, axis: int = -1) -> np.ndarray:
         online_softmax_update(state, x[..., start:start + block_size])
     shift = np.where(np.isfinite(state.m), state.m, 0.0)[..., None]
     l = state.l[..., None]
-    out = np.divide(np.exp(x - shift), l, out=np.zeros_like(x), where=l > 0)
+    out = np.divide(np.exp(x - shift), l, out=np.zeros_like(x), where=l != 0)  # NaN in, NaN out
     return np.moveaxis(out, -1, axis)
 
 
@@ -91,6 +91,16 @@ def logsumexp(x, axis: int = -1) -> np.ndarray:
     total = np.exp(x - top).sum(axis=axis, keepdims=True)
     with np.errstate(divide="ignore"):
         return np.squeeze(np.log(total) + top, axis=axis)
+
+
+def _read_values(p, v_blk, mask, start: int, stop: int) -> np.ndarray:
+    """``p @ v_blk`` (..., T, n) @ (..., n, Dv), except that a non-finite value reaches only the rows
+    that may see it: 0 * NaN = NaN would otherwise spread it to every row, masked or not."""
+    bad = ~np.isfinite(v_blk)  # (..., n, Dv)
+    if mask is None or not bad.any():
+        return p @ v_blk  # (..., T, n) @ (..., n, Dv) -> (..., T, Dv)
+    reach = (mask[..., start:stop].astype(np.float64) @ bad) > 0  # (..., T, Dv): may row i see a bad value?
+    return np.where(reach, p @ v_blk, p @ np.where(bad, 0.0, v_blk))
 
 
 def online_attention(q, k, v, block_size: int = 4, *, mask=None, scale=None, return_lse: bool = False):
@@ -142,10 +152,8 @@ def online_attention(q, k, v, block_size: int = 4, *, mask=None, scale=None, ret
         correction = online_softmax_update(state, scores)
         shift = np.where(np.isfinite(state.m), state.m, 0.0)[..., None]
         p = np.exp(scores - shift)  # (..., T, n), 0 at masked entries
-        v_blk = v[..., start:stop, :]
-        if mask is not None:  # 0 * NaN = NaN: a value no query here may read must not enter the sum
-            v_blk = np.where(mask[..., start:stop].any(axis=-2)[..., None], v_blk, 0.0)
-        acc = acc * correction[..., None] + p @ v_blk  # (..., T, n) @ (..., n, Dv) -> (..., T, Dv)
+        acc = acc * correction[..., None] + _read_values(p, v[..., start:stop, :], mask, start, stop)
     l = state.l[..., None]
-    context = np.divide(acc, l, out=np.zeros_like(acc), where=l > 0)
+    # `l != 0`, not `l > 0`: a visible NaN key makes l NaN, and its row must be NaN, not zero.
+    context = np.divide(acc, l, out=np.zeros_like(acc), where=l != 0)
     return (context, state.logsumexp()) if return_lse else context
