@@ -58,3 +58,16 @@ def test_lookup_figure_buttons_and_targets():
     assert [b.label for b in fig.layout.updatemenus[0].buttons] == ["exact", "window"]
     assert fig.layout.updatemenus[0].buttons[1].args[0]["visible"] == [False, True, True]
     assert "circles mark the key each query should find" in figure_description(fig)
+
+
+def test_tiles_layout_keeps_legend_colorbar_and_labels_apart():
+    # regression: the legend sat on the slider's "key blocks read" label, and the score colorbar's
+    # ticks interleaved with the right panel's query labels
+    scores = np.random.default_rng(1).normal(size=(6, 12))
+    for fig in (tiles_figure(scores, 4), tiles_view(scores, 4, 1)):
+        assert fig.layout.legend.y >= 1.0 and fig.layout.legend.yanchor == "bottom"  # above the panels
+        left_end, right_start = fig.layout.xaxis.domain[1], fig.layout.xaxis2.domain[0]
+        colorbar = fig.data[0].colorbar
+        assert left_end <= colorbar.x < right_start and colorbar.xanchor == "left"  # in the gap
+        assert right_start - left_end >= 0.15
+        assert fig.layout.yaxis2.showticklabels is False  # the query labels only once, on the left
