@@ -68,8 +68,9 @@ def check_merge_states(fn):
     wrong = compare_arrays(_EX1, got[1], l_expected, what="The merged sum l", rtol=1e-9)
     if wrong is not None:
         return wrong
-    return passed(_EX1, "m = max(m1, m2), l = l1 exp(m1 - m) + l2 exp(m2 - m): the whole online softmax "
-                        "is this merge, applied block after block, in any order.")  # fmt: skip
+    return passed(_EX1, "m = max(m1, m2), l = l1 exp(m1 - m) + l2 exp(m2 - m) (with a shift of 0 instead of m "
+                        "where both maxima are -inf): the whole online softmax is this merge, applied block "
+                        "after block, in any order.")  # fmt: skip
 
 
 def _blockwise(q, k, v, block, *, rescale=True, drop_last=False, normalize_each=False):
