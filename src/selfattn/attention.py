@@ -71,13 +71,17 @@ def _read_values(weights: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | No
     holds a non-finite entry, the product is taken with those entries zeroed, and only the
     (row, column) outputs whose visible keys include a non-finite value read the raw product.
     """
-    context = weights @ v  # (..., T, S) @ (..., S, Dv) -> (..., T, Dv)
     if keep is None or bool(torch.isfinite(v).all()):
-        return context
+        return weights @ v  # (..., T, S) @ (..., S, Dv) -> (..., T, Dv)
     bad = ~torch.isfinite(v)  # (..., S, Dv)
-    clean = weights @ torch.where(bad, torch.zeros((), dtype=v.dtype, device=v.device), v)
+    zero = torch.zeros((), dtype=v.dtype, device=v.device)
+    clean = weights @ torch.where(bad, zero, v)  # (..., T, S) @ (..., S, Dv) -> (..., T, Dv), finite
     reach = (keep.to(v.dtype) @ bad.to(v.dtype)) > 0  # (..., T, S) @ (..., S, Dv): may row i see a bad value?
-    return torch.where(reach, context, clean)
+    # The non-finite part meets only the weights of rows that may see it, so that in the backward
+    # pass (0 * NaN = NaN again) it cannot reach the gradients of the other rows either.
+    rows = reach.any(dim=-1, keepdim=True)  # (..., T, 1)
+    raw = clean + torch.where(rows, weights, zero) @ torch.where(bad, v, zero)  # (..., T, S) @ (..., S, Dv)
+    return torch.where(reach, raw, clean)
 
 
 def scaled_dot_product_attention(

@@ -468,3 +468,23 @@ def test_inputs_on_different_devices_are_refused(gen):
         sdpa(q, k.to("meta"), v)
     with pytest.raises(ValueError, match=r"mask must be on the device of q"):
         sdpa(q, k, v, torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device="meta"))
+
+
+def test_nan_value_at_a_masked_position_leaves_the_other_rows_gradients_finite(gen):
+    # Regression: the forward pass hid v[3] from queries 0-2, but backward computed 0 * NaN and
+    # made q.grad NaN in every row. Expected: torch's own attention on the same, finite problem.
+    q, k, v = _qkv(gen, B=2, H=2, T=5, S=5, requires_grad=True)
+    keep = causal_mask(5)
+    v_bad = v.detach().clone()
+    v_bad[..., 3, :] = float("nan")  # only queries 3 and 4 may read position 3
+    v_bad.requires_grad_(True)
+    sdpa(q, k, v_bad, keep)[..., :3, :].sum().backward()
+    v_finite = v.detach().clone()
+    v_finite[..., 3, :] = 0.0  # rows 0-2 do not depend on v[3]
+    v_finite.requires_grad_(True)
+    q2 = q.detach().clone().requires_grad_(True)
+    expected = torch.nn.functional.scaled_dot_product_attention(q2, k.detach(), v_finite, attn_mask=keep)
+    expected[..., :3, :].sum().backward()
+    assert torch.isfinite(q.grad[..., :3, :]).all() and torch.isfinite(v_bad.grad).all()
+    torch.testing.assert_close(q.grad[..., :3, :], q2.grad[..., :3, :], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(v_bad.grad, v_finite.grad, rtol=1e-10, atol=1e-12)
