@@ -46,6 +46,15 @@ def require_rank(name: str, x, rank: int, layout: str) -> None:
         raise ValueError(f"{name} must have shape {layout} ({rank} dims); got shape {shape_of(x)}")
 
 
+def require_dtype(name: str, x: torch.Tensor, dtype: torch.dtype) -> None:
+    """Raise TypeError unless ``x`` has the dtype of a module's parameters."""
+    if x.dtype != dtype:
+        raise TypeError(
+            f"{name} must have the dtype of the module's parameters, {dtype}; got dtype {x.dtype}. "
+            f"Convert the input with {name}.to({dtype}) or the module with .to({x.dtype})"
+        )
+
+
 def require_positive_int(name: str, value) -> int:
     """Return ``value`` as int; raise TypeError/ValueError unless it is an integer > 0."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -92,8 +101,8 @@ def require_broadcastable(name: str, x, target: Sequence[int], what: str) -> Non
 
 def require_bool_mask(name: str, mask) -> None:
     """A mask is boolean with True = may attend; refuse float 0/1 masks and integer masks."""
-    dtype = mask.dtype
-    is_bool = dtype == torch.bool if isinstance(mask, torch.Tensor) else np.asarray(mask).dtype == bool
+    dtype = mask.dtype if isinstance(mask, torch.Tensor) else np.asarray(mask).dtype  # lists too
+    is_bool = dtype == torch.bool if isinstance(mask, torch.Tensor) else dtype == np.bool_
     if not is_bool:
         raise TypeError(
             f"{name} must be a boolean tensor with True = may attend; got dtype {dtype}. "
@@ -110,5 +119,8 @@ def require_scale(scale) -> None:
 
 
 def require_probability(name: str, p) -> None:
+    """Raise TypeError unless ``p`` is a real number, ValueError unless it lies in [0, 1)."""
+    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number in [0, 1); got {p!r} ({type(p).__name__})")
     if not (0.0 <= float(p) < 1.0):
         raise ValueError(f"{name} must be in [0, 1); got {p!r}")

@@ -14,12 +14,15 @@ state dict moves between them unchanged. Introduced in chapter 07.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
 from ._validate import (
+    require_dtype,
     require_positive_int,
     require_probability,
     require_rank,
@@ -31,11 +34,12 @@ from .multihead import MHAConfig, MultiHeadAttention
 __all__ = ["BlockConfig", "FeedForward", "TransformerBlock", "PostNormTransformerBlock"]
 
 
-def _require_width(name: str, x, d_model: int, layout: str) -> None:
+def _require_width(name: str, x, d_model: int, layout: str, dtype: torch.dtype) -> None:
     require_tensor(name, x)
     require_rank(name, x, 3, layout)
     if x.shape[-1] != d_model:
         raise ValueError(f"{name} must have last dim d_model={d_model}; got shape {shape_of(x)}")
+    require_dtype(name, x, dtype)
 
 
 class FeedForward(nn.Module):
@@ -69,7 +73,7 @@ class FeedForward(nn.Module):
         self.linear2 = nn.Linear(d_ff, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _require_width("x", x, self.d_model, "(B, T, D)")
+        _require_width("x", x, self.d_model, "(B, T, D)", self.linear1.weight.dtype)
         hidden = self.activation(self.linear1(x))  # (B, T, D) @ (D, F) -> (B, T, F)
         return self.linear2(hidden)  # (B, T, F) @ (F, D) -> (B, T, D)
 
@@ -97,8 +101,11 @@ class BlockConfig:
         MHAConfig(self.d_model, self.n_heads)  # validates d_model and n_heads, same messages
         require_positive_int("d_ff", self.d_ff)
         require_probability("dropout", self.dropout)
-        if not (isinstance(self.layer_norm_eps, (int, float)) and self.layer_norm_eps > 0):
-            raise ValueError(f"layer_norm_eps must be a number > 0; got {self.layer_norm_eps!r}")
+        eps = self.layer_norm_eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float, np.integer, np.floating)):
+            raise TypeError(f"layer_norm_eps must be a number > 0 and finite; got {eps!r} ({type(eps).__name__})")
+        if not (math.isfinite(eps) and eps > 0):
+            raise ValueError(f"layer_norm_eps must be a number > 0 and finite; got {eps!r}")
 
     @property
     def mha_config(self) -> MHAConfig:
@@ -143,7 +150,7 @@ class TransformerBlock(_BlockParts):
     """
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *, return_weights=False):
-        _require_width("x", x, self.config.d_model, "(B, T, D)")
+        _require_width("x", x, self.config.d_model, "(B, T, D)", self.ln1.weight.dtype)
         # Each branch reads a normalized copy; the residual stream x itself is only added to.
         attn_out, weights = self.attn(self.ln1(x), mask=mask, return_weights=True)
         x = x + self.dropout(attn_out)  # (B, T, D)
@@ -166,7 +173,7 @@ class PostNormTransformerBlock(_BlockParts):
     """
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *, return_weights=False):
-        _require_width("x", x, self.config.d_model, "(B, T, D)")
+        _require_width("x", x, self.config.d_model, "(B, T, D)", self.ln1.weight.dtype)
         # Normalize after adding: the residual stream is renormalized after every branch.
         attn_out, weights = self.attn(x, mask=mask, return_weights=True)
         x = self.ln1(x + self.dropout(attn_out))  # (B, T, D)

@@ -75,17 +75,26 @@ def padding_mask(lengths, S: int | None = None, *, device=None) -> torch.Tensor:
         S: padded length; default ``max(lengths)``.
 
     Raises:
-        TypeError: lengths not integers. ValueError: not 1-D, negative, or longer than S.
+        TypeError: lengths not integers (or not a sequence). ValueError: empty, not 1-D, negative, or
+        longer than S.
 
     Source: chapter 05.
     """
-    lengths = torch.as_tensor(lengths, device=device)
+    expected = "a 1-D integer tensor or sequence of B lengths"
+    if lengths is None or isinstance(lengths, (str, bytes)):
+        raise TypeError(f"lengths must be {expected}; got {lengths!r} ({type(lengths).__name__})")
+    try:
+        lengths = torch.as_tensor(lengths, device=device)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise TypeError(f"lengths must be {expected}; got {lengths!r} ({type(lengths).__name__})") from err
+    if lengths.numel() == 0:
+        raise ValueError(f"lengths must not be empty: give one length per sequence; got shape {shape_of(lengths)}")
     if lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
         raise TypeError(f"lengths must hold integers; got dtype {lengths.dtype}")
     require_rank("lengths", lengths, 1, "(B,)")
-    if lengths.numel() and int(lengths.min()) < 0:
+    if int(lengths.min()) < 0:
         raise ValueError(f"lengths must be >= 0; got {lengths.tolist()}")
-    max_len = int(lengths.max()) if lengths.numel() else 0
+    max_len = int(lengths.max())
     S = max_len if S is None else require_positive_int("S", S)
     if max_len > S:
         raise ValueError(f"every length must be <= S={S}; got lengths {lengths.tolist()}")

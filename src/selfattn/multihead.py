@@ -24,10 +24,12 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 
 from ._validate import (
+    require_dtype,
     require_positive_int,
     require_probability,
     require_rank,
@@ -160,7 +162,7 @@ class MultiHeadAttention(nn.Module):
         Raises:
             ValueError: ``h`` not in [0, n_heads).
         """
-        if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < self.config.n_heads:
+        if isinstance(h, bool) or not isinstance(h, (int, np.integer)) or not 0 <= h < self.config.n_heads:
             raise ValueError(f"h must be an int in [0, {self.config.n_heads}); got {h!r}")
         cols = slice(h * self.config.d_head, (h + 1) * self.config.d_head)
         return HeadWeights(
@@ -178,6 +180,7 @@ class MultiHeadAttention(nn.Module):
             require_rank(name, x, 3, "(B, T, D)" if name == "x_q" else "(B, S, D)")
             if x.shape[-1] != D:
                 raise ValueError(f"{name} must have last dim d_model={D}; got shape {shape_of(x)}")
+            require_dtype(name, x, self.W_Q.dtype)
         if x_kv.shape[0] != x_q.shape[0]:
             raise ValueError(
                 f"x_q and x_kv must have the same batch size B; got x_q {shape_of(x_q)} and x_kv {shape_of(x_kv)}"
@@ -206,8 +209,9 @@ class MultiHeadAttention(nn.Module):
             ``out`` (B, T, D); with ``return_weights`` also ``weights`` (B, H, T, S).
 
         Raises:
-            TypeError / ValueError: inputs that are not 3-D tensors of width d_model, batch sizes
-            that differ, and every error of :func:`selfattn.scaled_dot_product_attention`.
+            TypeError / ValueError: inputs that are not 3-D tensors of width d_model, or not of the
+            parameters' dtype; batch sizes that differ; and every error of
+            :func:`selfattn.scaled_dot_product_attention`.
         """
         x_kv = x_q if x_kv is None else x_kv
         self._check_inputs(x_q, x_kv)

@@ -488,3 +488,11 @@ def test_nan_value_at_a_masked_position_leaves_the_other_rows_gradients_finite(g
     assert torch.isfinite(q.grad[..., :3, :]).all() and torch.isfinite(v_bad.grad).all()
     torch.testing.assert_close(q.grad[..., :3, :], q2.grad[..., :3, :], rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(v_bad.grad, v_finite.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("bad", [None, "0.1", True])
+def test_dropout_p_that_is_not_a_number_is_refused_by_name(gen, bad):
+    # Regression: None raised float()'s own TypeError and "0.1" a str/float comparison error.
+    q, k, v = _qkv(gen)
+    with pytest.raises(TypeError, match=r"dropout_p must be a number in \[0, 1\); got " + re.escape(repr(bad))):
+        sdpa(q, k, v, dropout_p=bad)

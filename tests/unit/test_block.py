@@ -215,3 +215,29 @@ def test_ref_block_and_multihead_bad_inputs():
         ref.multi_head_attention(x, x, W, W, W, np.eye(4), 2)
     with pytest.raises(ValueError, match=r"X_q must have shape \(B, T, D\)"):
         ref.multi_head_attention(x[0], x, W, W, W, W, 2)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), True, "1e-5", 0, -1e-5, float("nan")])
+def test_config_refuses_a_layer_norm_eps_that_is_not_a_finite_positive_number(bad):
+    # Regression: inf and True were accepted.
+    error = TypeError if isinstance(bad, (bool, str)) else ValueError
+    with pytest.raises(error, match=r"layer_norm_eps must be a number > 0 and finite; got"):
+        BlockConfig(12, 3, 8, layer_norm_eps=bad)
+
+
+@pytest.mark.parametrize("bad", ["0.1", None, 1.0])
+def test_config_refuses_a_bad_dropout_at_construction(bad):
+    error = ValueError if bad == 1.0 else TypeError
+    with pytest.raises(error, match=r"dropout must be"):
+        BlockConfig(12, 3, 8, dropout=bad)
+
+
+@pytest.mark.parametrize("cls", BLOCKS + [None])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
+def test_input_of_another_dtype_than_the_parameters_is_refused_by_name(cls, dtype):
+    # Regression: float64 or int input to a float32 block failed inside layer norm or matmul
+    # ("mixed dtype (CPU): all inputs must share same datatype").
+    module = FeedForward(12, 20) if cls is None else cls(CFG)
+    with pytest.raises(TypeError, match=rf"x must have the dtype of the module's parameters, "
+                                        rf"torch.float32; got dtype {dtype}"):
+        module(torch.ones(2, 5, 12, dtype=dtype))

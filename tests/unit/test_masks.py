@@ -189,3 +189,17 @@ def test_from_hf_attention_mask_bad_inputs():
         from_hf_attention_mask(torch.tensor([[0, 1, 2]]))
     with pytest.raises(TypeError, match=r"attention_mask must be a torch\.Tensor; got list"):
         from_hf_attention_mask([[1, 0]])
+
+
+def test_padding_mask_empty_or_non_sequence_lengths_are_refused_by_name():
+    # Regression: [] said "got dtype torch.float32", "12" gave torch's "new(): invalid data type
+    # 'str'", and None a RuntimeError.
+    with pytest.raises(ValueError, match=r"lengths must not be empty.*got shape \(0,\)"):
+        padding_mask([])
+    with pytest.raises(ValueError, match="lengths must not be empty"):
+        padding_mask([], 3)
+    for bad, shown in (("12", "'12' (str)"), (None, "None (NoneType)"), ([[1], [2, 3]], "(list)")):
+        with pytest.raises(TypeError, match=r"lengths must be a 1-D integer tensor or sequence.*got .*"
+                           + re.escape(shown)):
+            padding_mask(bad)
+    assert padding_mask([1, 3]).tolist() == [[[[True, False, False]]], [[[True, True, True]]]]

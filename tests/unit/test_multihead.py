@@ -7,6 +7,7 @@ never from the module under test. Tolerances: float64 1e-12 unless stated.
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -253,3 +254,33 @@ def test_property_padding_keys_change_nothing(S, n_pad, seed, garbage):
     torch.testing.assert_close(out, expected_out, rtol=0, atol=1e-12)
     torch.testing.assert_close(weights[..., :S], expected_weights, rtol=0, atol=1e-12)
     assert torch.all(weights[..., S:] == 0)
+
+
+@pytest.mark.parametrize("bad", ["0.1", None, True])
+def test_config_refuses_a_dropout_that_is_not_a_number(bad):
+    # Regression: MHAConfig(dropout="0.1") was accepted and failed only in forward.
+    with pytest.raises(TypeError, match=r"dropout must be a number in \[0, 1\); got"):
+        MHAConfig(12, 3, dropout=bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_input_of_another_dtype_than_the_parameters_is_refused_by_name(dtype):
+    # Regression: a float32 or int input to a float64 module failed inside matmul
+    # ("expected m1 and m2 to have the same dtype").
+    mha = _module()  # float64 parameters
+    x = torch.ones(2, 5, 12, dtype=dtype)
+    with pytest.raises(TypeError, match=rf"x_q must have the dtype of the module's parameters, "
+                                        rf"torch.float64; got dtype {dtype}"):
+        mha(x)
+    with pytest.raises(TypeError, match=rf"x_kv must have .*torch.float64; got dtype {dtype}"):
+        mha(torch.ones(2, 5, 12, dtype=torch.float64), x)
+
+
+def test_head_weights_accepts_any_integral_index():
+    mha = _module()
+    for h in (np.int64(1), np.int32(1)):
+        got = mha.head_weights(h)
+        torch.testing.assert_close(got.W_Q, mha.W_Q[:, 4:8], rtol=0, atol=0)
+        torch.testing.assert_close(got.W_O, mha.W_O[4:8, :], rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"h must be an int in \[0, 3\); got 1.0"):
+        mha.head_weights(1.0)

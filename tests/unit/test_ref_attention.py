@@ -252,3 +252,16 @@ def test_softmax_propagates_nan_instead_of_returning_a_zero_row():
     np.testing.assert_allclose(out[1], [1 / (1 + np.e), np.e / (1 + np.e)], rtol=1e-12)
     masked = ref.softmax(np.array([np.nan, 0.0]), mask=np.array([False, True]))
     np.testing.assert_allclose(masked, [0.0, 1.0], rtol=0, atol=0)
+
+
+def test_a_python_list_mask_is_accepted_like_the_array():
+    # Regression: a list of bools raised AttributeError ('list' object has no attribute 'dtype').
+    rng = np.random.default_rng(11)
+    q, k, v = rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 3, 2))
+    keep = [[True, False, False], [True, True, False], [True, True, True]]
+    np.testing.assert_allclose(
+        ref.scaled_dot_product_attention(q, k, v, keep),
+        ref.scaled_dot_product_attention(q, k, v, np.array(keep)), rtol=0, atol=0,
+    )
+    with pytest.raises(TypeError, match="mask must be a boolean tensor .*got dtype int"):
+        ref.scaled_dot_product_attention(q, k, v, [[1, 0, 0], [1, 1, 0], [1, 1, 1]])

@@ -134,3 +134,23 @@ def test_scale_must_be_a_number(bad):
     # Regression: True was accepted as a scale of 1.
     with pytest.raises(TypeError, match="scale must be a number"):
         V.require_scale(bad)
+
+
+@pytest.mark.parametrize("p", [None, "0.1", True, [0.1], torch.tensor(0.1)])
+def test_require_probability_refuses_non_numbers_by_name(p):
+    # Regression: None gave "float() argument must be ...", "0.1" a str/float comparison error, and
+    # MHAConfig(dropout='0.1') was accepted.
+    with pytest.raises(TypeError, match=r"dropout_p must be a number in \[0, 1\); got .*\("):
+        V.require_probability("dropout_p", p)
+
+
+def test_require_probability_accepts_numbers_in_range():
+    for p in (0, 0.0, 0.5, np.float32(0.25), np.int64(0)):
+        V.require_probability("dropout", p)
+
+
+def test_require_bool_mask_accepts_array_likes_and_refuses_float_lists_by_name():
+    # Regression: a Python list of bools raised AttributeError ('list' object has no attribute 'dtype').
+    V.require_bool_mask("mask", [[True, False], [True, True]])
+    with pytest.raises(TypeError, match=r"mask must be a boolean tensor .*got dtype float64"):
+        V.require_bool_mask("mask", [[1.0, 0.0]])
