@@ -185,7 +185,10 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
     lse = torch.empty(BH, T, dtype=work, device=dev)
     tile_buffer = torch.empty(BH * min(block_q, T) * min(block_k, S), dtype=work, device=dev)  # reused
     key_tiles = _tiles(S, block_k)[::-1] if reverse_key_tiles else _tiles(S, block_k)
-    finite_v = bool(torch.isfinite(v).all())  # else a NaN value must reach only the rows that see it
+    # Else a NaN value must reach only the rows that see it. The sum, not isfinite(v).all(): no
+    # (..., S, Dv) temporary, so the memory stays O(tile) (a sum that overflows to inf only takes
+    # the exact slow path, which is still right).
+    finite_v = bool(torch.isfinite(v.sum()))
     for i0, i1 in _tiles(T, block_q):
         q_t = q3[:, i0:i1].to(work) * (scale * _LOG2E)  # (BH, bq, Dh), float32 for half inputs
         m = torch.full((BH, i1 - i0), -math.inf, dtype=work, device=dev)  # running max (BH, bq), base 2
