@@ -97,3 +97,15 @@ def test_window_off_by_one_two_sided_polarity_and_dtype_are_caught():
                       (as_float, "boolean")):
         feedback = ch08.check_sliding_window_mask(fn)
         assert not feedback and words in feedback.message, (fn.__name__, feedback.message)
+
+
+def test_sliding_window_mask_follows_the_one_mask_dtype_rule():
+    # Regression: 8.2 had its own dtype rule and accepted a list of 0/1 ints that 4.1 and 5.1 refuse.
+    def as_int_list(T, window):
+        return [[int(i - window < j <= i) for j in range(T)] for i in range(T)]
+
+    fb = ch08.check_sliding_window_mask(as_int_list)
+    assert not fb.ok and "Return a boolean tensor" in fb.message
+    assert ch08.check_sliding_window_mask(
+        lambda T, w: [[i - w < j <= i for j in range(T)] for i in range(T)]
+    ).ok

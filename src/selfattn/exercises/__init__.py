@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["Feedback", "passed", "failed", "not_attempted", "call_learner", "checker", "compare_arrays", "to_numpy"]
+__all__ = ["Feedback", "passed", "failed", "not_attempted", "call_learner", "checker", "compare_arrays", "to_numpy", "bool_mask_problem"]
 
 
 @dataclass(frozen=True)
@@ -138,3 +138,26 @@ def compare_arrays(exercise: str, got, expected: np.ndarray, *, what: str, atol:
         worst = float(np.max(np.abs(arr - expected)))
         return failed(exercise, f"{what} has the right shape but wrong values (largest error {worst:.3g}).")
     return None
+
+
+def bool_mask_problem(got) -> str | None:
+    """What is wrong with the dtype of a learner's mask, in words; None if it is boolean (or not array-like).
+
+    The course's rule for every mask exercise: a mask is boolean, True = may attend. A torch bool
+    tensor, a NumPy bool array and nested lists of Python bools are all fine; a 0/1 integer or float
+    mask (tensor, array or list) is refused as ambiguous (added to the scores? 1 = blocked?).
+    """
+    if isinstance(got, torch.Tensor):
+        dtype = got.dtype
+        if dtype == torch.bool:
+            return None
+    else:
+        try:
+            dtype = np.asarray(got).dtype
+        except (TypeError, ValueError):
+            return None
+        if dtype.kind not in "iufc":  # bool, or not an array of numbers: judged by the value checks
+            return None
+    return (f"Return a boolean tensor (True = may attend); you returned dtype {dtype}. A 0/1 number mask is "
+            "ambiguous here (added to the scores? 1 = blocked?): convert with .bool() (NumPy: .astype(bool)) "
+            "if 1 means keep.")  # fmt: skip

@@ -12,35 +12,12 @@ import numpy as np
 import torch
 
 from .. import ref
-from . import call_learner, checker, compare_arrays, failed, passed, to_numpy
+from . import bool_mask_problem, call_learner, checker, compare_arrays, failed, passed, to_numpy
 
 __all__ = ["check_causal_mask", "check_masked_softmax"]
 
 _EX1 = "4.1 causal mask"
 _EX2 = "4.2 masked softmax"
-
-
-def bool_mask_problem(got) -> str | None:
-    """What is wrong with the dtype of a learner's mask, in words; None if it is boolean (or not array-like).
-
-    The course's rule for every mask exercise: a mask is boolean, True = may attend. A torch bool
-    tensor, a NumPy bool array and nested lists of Python bools are all fine; a 0/1 integer or float
-    mask (tensor, array or list) is refused as ambiguous (added to the scores? 1 = blocked?).
-    """
-    if isinstance(got, torch.Tensor):
-        dtype = got.dtype
-        if dtype == torch.bool:
-            return None
-    else:
-        try:
-            dtype = np.asarray(got).dtype
-        except (TypeError, ValueError):
-            return None
-        if dtype.kind not in "iufc":  # bool, or not an array of numbers: judged by the value checks
-            return None
-    return (f"Return a boolean tensor (True = may attend); you returned dtype {dtype}. A 0/1 number mask is "
-            "ambiguous here (added to the scores? 1 = blocked?): convert with .bool() (NumPy: .astype(bool)) "
-            "if 1 means keep.")  # fmt: skip
 
 
 @checker(_EX1)

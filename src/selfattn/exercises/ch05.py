@@ -14,8 +14,7 @@ import numpy as np
 import torch
 
 from .. import ref
-from . import call_learner, checker, compare_arrays, failed, passed, to_numpy
-from .ch04 import bool_mask_problem
+from . import bool_mask_problem, call_learner, checker, compare_arrays, failed, passed, to_numpy
 
 __all__ = ["check_padding_mask", "check_cross_attention"]
 

@@ -8,9 +8,8 @@ definition, and names the usual mistake.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from . import call_learner, checker, compare_arrays, failed, passed, to_numpy
+from . import bool_mask_problem, call_learner, checker, compare_arrays, failed, passed, to_numpy
 
 __all__ = ["check_linear_recurrent", "check_sliding_window_mask", "elu_plus_one"]
 
@@ -70,10 +69,9 @@ def check_sliding_window_mask(fn):
     (each query sees itself and the ``window - 1`` keys before it)."""
     for T, window in ((6, 3), (5, 1), (4, 9)):
         got = call_learner(_EX2, fn, T, window)
-        if isinstance(got, torch.Tensor) and got.dtype != torch.bool:
-            return failed(_EX2, f"Return a boolean tensor (True = may attend); got dtype {got.dtype}.")
-        if isinstance(got, np.ndarray) and got.dtype != np.bool_:
-            return failed(_EX2, f"Return a boolean array (True = may attend); got dtype {got.dtype}.")
+        problem = bool_mask_problem(got)  # the one dtype rule of every mask exercise
+        if problem is not None:
+            return failed(_EX2, problem)
         arr = to_numpy(got)
         if arr is None or arr.shape != (T, T):
             return failed(_EX2, f"For T={T} return a ({T}, {T}) mask; got "
