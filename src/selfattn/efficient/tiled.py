@@ -141,22 +141,34 @@ def _read_tile_values(p, v_t, keep, lead: torch.Size):
     return torch.where(reach, p @ v_t, clean)
 
 
-def _hide_(s, keep, vis: Visibility, lead: torch.Size, i0: int, j0: int):
-    """Replace the scores of the pairs a partially visible tile hides by -inf, in place.
+class _StructuralBias:
+    """Additive masks (0 where visible, ``-inf`` where hidden) of the partially visible tiles of a
+    causal or sliding-window structure, built once per forward call and reused: with T == S and
+    equal blocks every diagonal tile has the same band, so one (bq, bk) tensor serves them all."""
 
-    ``s`` (BH, bq, bk) is viewed as (*lead, bq, bk) against ``keep``. A user mask is applied with
-    ``masked_fill_``; a purely structural (causal/window) tile with ``tril_``/``triu_`` (which write
-    zeros, so a NaN stored there is replaced too) and then an additive -inf bias, several
-    times faster than a broadcast ``masked_fill_`` on a CPU."""
-    if vis.mask is not None:
-        s.view(*lead, *s.shape[-2:]).masked_fill_(~keep, -math.inf)
-        return s
-    lo, hi = vis.band(i0, j0)
-    if hi is not None:
-        s.tril_(hi)
-    if lo is not None:
-        s.triu_(lo)
-    return s.add_(torch.zeros(keep.shape, dtype=s.dtype, device=s.device).masked_fill_(~keep, -math.inf))
+    def __init__(self, vis: Visibility, dtype: torch.dtype, device):
+        self.vis, self.dtype, self.device, self.cache = vis, dtype, device, {}
+
+    def hide_(self, s, i0: int, j0: int):
+        """Set the hidden scores of tile ``s`` (BH, bq, bk), starting at row i0 and column j0, to
+        ``-inf`` in place: ``tril_``/``triu_`` write zeros (so a NaN stored there goes too), then the
+        cached bias adds ``-inf``; several times faster on a CPU than a broadcast ``masked_fill_``."""
+        lo, hi = self.vis.band(i0, j0)
+        rows, cols = s.shape[-2:]
+        bias = self.cache.get((lo, hi, rows, cols))
+        if bias is None:
+            keep = torch.ones(rows, cols, dtype=torch.bool, device=self.device)
+            if hi is not None:
+                keep.tril_(hi)
+            if lo is not None:
+                keep.triu_(lo)
+            bias = torch.zeros(rows, cols, dtype=self.dtype, device=self.device).masked_fill_(~keep, -math.inf)
+            self.cache[(lo, hi, rows, cols)] = bias
+        if hi is not None:
+            s.tril_(hi)
+        if lo is not None:
+            s.triu_(lo)
+        return s.add_(bias)
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -189,6 +201,7 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
     # (..., S, Dv) temporary, so the memory stays O(tile) (a sum that overflows to inf only takes
     # the exact slow path, which is still right).
     finite_v = bool(torch.isfinite(v.sum()))
+    structural = _StructuralBias(vis, work, dev) if vis.mask is None else None
     for i0, i1 in _tiles(T, block_q):
         q_t = q3[:, i0:i1].to(work) * (scale * _LOG2E)  # (BH, bq, Dh), float32 for half inputs
         m = torch.full((BH, i1 - i0), -math.inf, dtype=work, device=dev)  # running max (BH, bq), base 2
@@ -196,17 +209,24 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
         acc = torch.zeros((BH, i1 - i0, Dv), dtype=work, device=dev)  # (BH, bq, Dv)
         for j0, j1 in key_tiles:
             j0, j1 = vis.key_span(i0, i1, j0, j1)  # only keys some query of the tile may see
-            keep = vis.tile(i0, i1, j0, j1, dev) if j0 < j1 else False
+            if j0 >= j1:
+                continue
+            if structural is not None:  # causal/window only: True (all visible), None (some), False
+                keep = vis.structural(i0, i1, j0, j1)
+            else:
+                keep = vis.tile(i0, i1, j0, j1, dev)
             if keep is False:  # the whole tile is masked: no arithmetic at all
                 continue
             k_t, v_t = k[..., j0:j1, :].to(work), v[..., j0:j1, :].to(work)
-            if keep is not True and vis.mask is not None:
+            if keep is not True and structural is None:
                 k_t, v_t = _zero_unseen(k_t, v_t, keep)
             k_t, v_t = k_t.reshape(BH, j1 - j0, Dh), v_t.reshape(BH, j1 - j0, Dv)  # (..., bk, D) -> (BH, bk, D)
             s = tile_buffer[: BH * (i1 - i0) * (j1 - j0)].view(BH, i1 - i0, j1 - j0)
             torch.bmm(q_t, k_t.transpose(1, 2), out=s)  # (BH, bq, Dh) @ (BH, Dh, bk) -> (BH, bq, bk)
-            if keep is not True:
-                _hide_(s, keep, vis, lead, i0, j0)
+            if keep is None:
+                structural.hide_(s, i0, j0)
+            elif keep is not True:
+                s.view(*lead, *s.shape[-2:]).masked_fill_(~keep, -math.inf)
             m_new = torch.maximum(m, s.amax(dim=-1))
             # A row that has seen only masked entries keeps m = -inf: shift by 0 so that
             # exp(-inf - -inf) = NaN never happens; exp(-inf - 0) = 0 adds nothing.
@@ -218,11 +238,17 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
             if finite_v or keep is True:
                 acc.baddbmm_(p, v_t)  # += (BH, bq, bk) @ (BH, bk, Dv) -> (BH, bq, Dv)
             else:
+                if keep is None:  # the structural keep-mask of this tile, for the exact slow path
+                    keep = torch.isfinite(structural.cache[(*vis.band(i0, j0), i1 - i0, j1 - j0)])
                 acc.add_(_read_tile_values(p, v_t, keep, lead))  # slower, exact for non-finite v
             m = m_new
         seen = l != 0  # not `l > 0`: a NaN score (a visible NaN key) must give NaN, not a zero row
-        out[:, i0:i1] = torch.where(seen[..., None], acc / torch.where(seen, l, 1.0)[..., None], 0.0)
-        lse[:, i0:i1] = torch.where(seen, (m + torch.log2(torch.where(seen, l, 1.0))) * _LN2, -math.inf)
+        if bool(seen.all()):  # the usual case: every query of the block saw a key
+            out[:, i0:i1] = acc.div_(l[..., None])
+            lse[:, i0:i1] = (m + torch.log2(l)) * _LN2
+        else:
+            out[:, i0:i1] = torch.where(seen[..., None], acc / torch.where(seen, l, 1.0)[..., None], 0.0)
+            lse[:, i0:i1] = torch.where(seen, (m + torch.log2(torch.where(seen, l, 1.0))) * _LN2, -math.inf)
     return out.view(*lead, T, Dv), lse.view(*lead, T)  # (BH, T, Dv) -> (..., T, Dv)
 
 
