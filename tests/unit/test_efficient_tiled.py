@@ -271,3 +271,25 @@ def test_a_nan_key_reaches_only_the_queries_that_may_see_it():
         for kwargs in ({"causal": True}, {"mask": keep}):
             out = tiled_attention(q, k, v, block_q=block, block_k=block, **kwargs)
             np.testing.assert_allclose(out.numpy(), expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("block", [1, 2, 512])
+@pytest.mark.parametrize("use_mask", [False, True])
+def test_a_nan_value_reaches_only_the_gradients_of_queries_that_may_see_it(block, use_mask):
+    # Regression: in the backward pass dp = dO V^T is NaN in column 3 for every row, and
+    # ds = p * (dp - delta) = 0 * NaN = NaN for the rows the mask hides it from, so dq of queries
+    # 0-2 was NaN with a tile holding rows 0-4 (block 512); the reference keeps them finite.
+    q, k, v = _qkv(1, 2, 5, 5, 4, seed=3)
+    v = v.clone()
+    v[..., 3, :] = float("nan")
+    keep = selfattn.causal_mask(5)
+    kwargs = {"mask": keep} if use_mask else {"causal": True}
+    d_out = torch.ones(1, 2, 5, 4, dtype=torch.float64)
+    d_out[..., 3:, :] = 0.0
+    got_in = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    want_in = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    got = torch.autograd.grad(tiled_attention(*got_in, block_q=block, block_k=block, **kwargs), got_in, d_out)
+    want = torch.autograd.grad(selfattn.scaled_dot_product_attention(*want_in, keep), want_in, d_out)
+    assert torch.isfinite(want[0][..., :3, :]).all()  # the reference: queries 0-2 keep finite gradients
+    for name, g, w in zip("qkv", got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, equal_nan=True, msg=f"gradient of {name}")

@@ -283,6 +283,8 @@ def tiled_backward_torch(q, k, v, out, lse, d_out, vis: Visibility, scale: float
             dv[..., j0:j1, :] += p.transpose(-2, -1) @ do_t  # (..., bk, bq) @ (..., bq, Dv) -> (..., bk, Dv)
             dp = do_t @ v_t.transpose(-2, -1)  # (..., bq, Dv) @ (..., Dv, bk) -> (..., bq, bk)
             ds = p * (dp - delta[..., i0:i1, None])
+            if keep is not True:  # p = 0 there, but 0 * NaN = NaN: a non-finite value must not reach
+                ds.masked_fill_(~keep, 0.0)  # the gradients of queries that may not see it
             dq[..., i0:i1, :] += (ds @ k_t) * scale  # (..., bq, bk) @ (..., bk, Dh) -> (..., bq, Dh)
             dk[..., j0:j1, :] += (ds.transpose(-2, -1) @ q_t) * scale  # (..., bk, bq) @ (..., bq, Dh)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
