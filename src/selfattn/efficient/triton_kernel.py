@@ -87,6 +87,9 @@ def triton_forward(q, k, v, vis, scale: float, block_q: int = 64, block_k: int =
     Supports no mask or a causal mask (``vis.causal_offset``), not a general mask or a window.
     Block sizes are rounded to powers of two >= 16 (``tl.dot`` needs them) and capped at 128.
     float32 inputs use IEEE float32 products (no TF32), so results match the torch path.
+    Values holding a NaN or inf go to :func:`~selfattn.efficient.tiled.tiled_forward_torch`
+    instead: in the kernel's ``p @ v``, 0 * NaN = NaN would reach queries the causal mask hides
+    the value from, while the torch loop lets it reach only the queries that may see it.
 
     Raises:
         RuntimeError: Triton is not installed. ValueError: ``vis`` carries a mask or a window.
@@ -95,6 +98,10 @@ def triton_forward(q, k, v, vis, scale: float, block_q: int = 64, block_k: int =
         raise RuntimeError("triton is not installed: pip install triton (Linux with CUDA)")
     if vis.mask is not None or vis.window is not None:
         raise ValueError("the Triton kernel supports causal or no masking only; use tiled_forward_torch")
+    if not bool(torch.isfinite(v.sum())):  # a sum, not isfinite(v).all(): no (..., S, Dv) temporary
+        from .tiled import tiled_forward_torch
+
+        return tiled_forward_torch(q, k, v, vis, scale, block_q, block_k)
     *batch, T, Dh = q.shape
     S, Dv = k.shape[-2], v.shape[-1]
     BH = math.prod(batch)
