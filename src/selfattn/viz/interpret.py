@@ -1,7 +1,7 @@
 """Figures for chapter 10: attention weights beside what the edges move and what they change.
 
 - :func:`edge_measures_figure`: for a set of heads, one heatmap per measure (weight, norm of the
-  moved vector, |gradient x weight|, |ablation effect|), side by side, each scaled to its head's
+  moved vector, |gradient x weight|, |ablation effect|), two to a row, each scaled to its head's
   largest value; a slider over the heads (explorable with no kernel).
 - :func:`edge_measures_widget`: the live explorer (head slider, measure menu) over the same views.
 - :func:`key_scatter_figure`: one point per (layer, head, key): attention received against another
@@ -13,6 +13,7 @@ Source: chapter 10.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -65,7 +66,7 @@ def edge_measures_figure(
     head_labels: Sequence[str],
     title: str = "",
 ) -> go.Figure:
-    """Side-by-side heatmaps of several per-edge measures, a slider over heads.
+    """Heatmaps of several per-edge measures, two to a row (fits the page), a slider over heads.
 
     Args:
         tokens: the T token strings. measures: ``{name: (N, T, T)}``, rows queries, columns keys;
@@ -80,7 +81,15 @@ def edge_measures_figure(
     scaled = _check(tokens, measures, head_labels)
     names = list(scaled)
     labels = _labels(tokens)
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=names, horizontal_spacing=0.03)
+    T = len(tokens)
+    # Two panels a row at most, so that the figure fits the page's column (no sideways scrolling);
+    # heights in pixels: each row of panels, the rotated key labels under it, the title and slider.
+    cols = min(len(names), 2)
+    rows = math.ceil(len(names) / cols)
+    panel, labels_px, top, bottom = max(260, 20 * T + 60), 110, 90, 90
+    plot_px = rows * panel + (rows - 1) * labels_px
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=names, horizontal_spacing=0.06,
+                        vertical_spacing=labels_px / plot_px if rows > 1 else 0.0)
 
     def traces(n: int) -> list[go.Heatmap]:
         return [
@@ -92,7 +101,7 @@ def edge_measures_figure(
         ]  # fmt: skip
 
     for k, trace in enumerate(traces(0)):
-        fig.add_trace(trace, row=1, col=k + 1)
+        fig.add_trace(trace, row=k // cols + 1, col=k % cols + 1)
     prefix = f"{title}: " if title else ""
     fig.frames = [go.Frame(data=traces(n), name=h, traces=list(range(len(names))),
                            layout={"title": {"text": f"{prefix}{h}"}})
@@ -102,20 +111,21 @@ def edge_measures_figure(
         "frame": {"duration": 0, "redraw": True},
         "transition": {"duration": 0},
     }
-    T = len(tokens)
     fig.update_layout(
         title=f"{prefix}{head_labels[0]}", template="plotly_white",
-        height=max(420, 22 * T + 260), width=max(900, len(names) * (20 * T + 120)), margin={"b": 160},
-        sliders=[{"active": 0, "y": -0.2, "len": 1.0, "currentvalue": {"prefix": "head: "},
+        height=plot_px + labels_px + top + bottom, margin={"t": top, "b": labels_px + bottom},
+        sliders=[{"active": 0, "y": -(labels_px + 20) / plot_px, "yanchor": "top", "len": 1.0,
+                  "currentvalue": {"prefix": "head: "},
                   "steps": [{"label": h, "method": "animate", "args": [[h], jump]} for h in head_labels]}],
     )  # fmt: skip
     fig.update_yaxes(autorange="reversed")
     fig.update_yaxes(showticklabels=False)
-    fig.update_yaxes(showticklabels=True, row=1, col=1)
+    for r in range(1, rows + 1):
+        fig.update_yaxes(showticklabels=True, row=r, col=1)
     fig.update_xaxes(tickangle=-60)
     return describe(
         fig,
-        f"{prefix}{len(names)} heatmaps side by side ({', '.join(names)}) for one head at a time, "
+        f"{prefix}{len(names)} heatmaps, two to a row ({', '.join(names)}) for one head at a time, "
         f"{T} by {T} tokens (rows: queries, columns: keys), each scaled to the head's largest "
         f"value; a slider picks one of {len(head_labels)} heads.",
     )
