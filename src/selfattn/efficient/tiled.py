@@ -202,11 +202,17 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
     # the exact slow path, which is still right).
     finite_v = bool(torch.isfinite(v.sum()))
     structural = _StructuralBias(vis, work, dev) if vis.mask is None else None
+    # The query block and its accumulator live in buffers reused by every block, so that the memory
+    # beyond the output is the same at every length (a fresh block's tensors would otherwise be
+    # allocated while the previous block's are still alive).
+    q_buffer = torch.empty(BH * min(block_q, T) * Dh, dtype=work, device=dev)
+    acc_buffer = torch.empty(BH * min(block_q, T) * Dv, dtype=work, device=dev)
     for i0, i1 in _tiles(T, block_q):
-        q_t = q3[:, i0:i1].to(work) * (scale * _LOG2E)  # (BH, bq, Dh), float32 for half inputs
-        m = torch.full((BH, i1 - i0), -math.inf, dtype=work, device=dev)  # running max (BH, bq), base 2
-        l = torch.zeros((BH, i1 - i0), dtype=work, device=dev)  # running sum of exp2(s - m)
-        acc = torch.zeros((BH, i1 - i0, Dv), dtype=work, device=dev)  # (BH, bq, Dv)
+        n = i1 - i0
+        q_t = q_buffer[: BH * n * Dh].view(BH, n, Dh).copy_(q3[:, i0:i1]).mul_(scale * _LOG2E)  # float32 for half inputs
+        m = torch.full((BH, n), -math.inf, dtype=work, device=dev)  # running max (BH, bq), base 2
+        l = torch.zeros((BH, n), dtype=work, device=dev)  # running sum of exp2(s - m)
+        acc = acc_buffer[: BH * n * Dv].view(BH, n, Dv).zero_()  # (BH, bq, Dv)
         for j0, j1 in key_tiles:
             j0, j1 = vis.key_span(i0, i1, j0, j1)  # only keys some query of the tile may see
             if j0 >= j1:
