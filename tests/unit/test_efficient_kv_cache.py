@@ -94,3 +94,39 @@ def test_cache_rejects_mismatched_shapes():
         cache.append(torch.zeros(1, 3, 1, 4), torch.zeros(1, 3, 1, 4))
     with pytest.raises(TypeError, match="k_new"):
         cache.append([1], torch.zeros(1))
+
+
+def test_a_failed_call_leaves_the_cache_unchanged():
+    # Regression: cached_attention appended before checking, so a call that raised had already grown
+    # the cache (k by 3 positions, v by 2) and every later call failed.
+    cache = KVCache()
+    x = torch.randn(1, 1, 2, 4)
+    cached_attention(x, x, x, cache)
+    with pytest.raises(ValueError, match="same shape except the last axis"):
+        cached_attention(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4), torch.randn(1, 1, 2, 4), cache)
+    with pytest.raises(ValueError, match="d_head"):  # q of the wrong width: fails inside the attention
+        cached_attention(torch.randn(1, 1, 1, 5), torch.randn(1, 1, 1, 4), torch.randn(1, 1, 1, 4), cache)
+    assert len(cache) == 2 and cache.v.shape[-2] == 2
+    y = torch.randn(1, 1, 1, 4)
+    out = cached_attention(y, y, y, cache)  # still usable, and still right
+    full = torch.cat([x, y], dim=-2)
+    expected = selfattn.scaled_dot_product_attention(full, full, full, selfattn.causal_mask(3))[..., 2:, :]
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
+    assert len(cache) == 3
+
+
+def test_more_new_queries_than_new_keys_is_an_error_not_zero_rows():
+    # Regression: q_new with 5 rows and k_new with 1 gave 4 silent zero rows (no key visible to them).
+    with pytest.raises(ValueError, match="q_new and k_new must hold the same new positions"):
+        cached_attention(torch.randn(1, 2, 5, 4), torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4), KVCache())
+
+
+def test_cache_rejects_a_dtype_change():
+    # Regression: appending float64 to a float32 cache silently promoted the whole cache.
+    cache = KVCache()
+    cache.append(torch.zeros(1, 3, 4), torch.zeros(1, 3, 4))
+    with pytest.raises(TypeError, match="cache's dtype torch.float32"):
+        cache.append(torch.zeros(1, 1, 4, dtype=torch.float64), torch.zeros(1, 1, 4, dtype=torch.float64))
+    with pytest.raises(TypeError, match="one dtype"):
+        cache.append(torch.zeros(1, 1, 4), torch.zeros(1, 1, 4, dtype=torch.float64))
+    assert cache.k.dtype == torch.float32 and len(cache) == 3

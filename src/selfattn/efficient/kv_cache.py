@@ -24,8 +24,8 @@ class KVCache:
     values, shapes (..., S, Dh) and (..., S, Dv). ``len(cache)`` is S.
 
     Raises:
-        TypeError / ValueError (from ``append``): non-tensors, or shapes that do not match the
-        cached ones except along the position axis.
+        TypeError / ValueError (from ``append``): see :meth:`extended`. A failed ``append`` leaves
+        the cache unchanged.
     """
 
     def __init__(self):
@@ -35,19 +35,42 @@ class KVCache:
     def __len__(self) -> int:
         return 0 if self.k is None else int(self.k.shape[-2])
 
-    def append(self, k_new: torch.Tensor, v_new: torch.Tensor):
+    def extended(self, k_new: torch.Tensor, v_new: torch.Tensor):
+        """The cached keys and values with ``k_new``, ``v_new`` added, without storing them:
+        shapes (..., S + T_new, Dh) and (..., S + T_new, Dv). Checks everything first.
+
+        Raises:
+            TypeError: non-tensors, non-floating tensors, or a dtype other than the cache's or each
+                other's. ValueError: ranks below 2, ``k_new`` and ``v_new`` with different leading
+                axes or T_new, or shapes that do not match the cached ones except along dim -2.
+        """
         require_tensor("k_new", k_new)
         require_tensor("v_new", v_new)
         require_min_rank("k_new", k_new, 2, "(..., T_new, Dh)")
         require_min_rank("v_new", v_new, 2, "(..., T_new, Dv)")
-        if self.k is not None and (k_new.shape[:-2] != self.k.shape[:-2] or k_new.shape[-1] != self.k.shape[-1]
-                                   or v_new.shape[-1] != self.v.shape[-1]):
+        if not k_new.dtype.is_floating_point or k_new.dtype != v_new.dtype:
+            raise TypeError(f"k_new and v_new must be floating tensors of one dtype; got {k_new.dtype}, {v_new.dtype}")
+        if k_new.shape[:-1] != v_new.shape[:-1]:
+            raise ValueError(
+                f"k_new {shape_of(k_new)} and v_new {shape_of(v_new)} must have the same shape except "
+                "the last axis (the same leading axes and the same number T_new of new positions)"
+            )
+        if self.k is None:
+            return k_new, v_new
+        if k_new.dtype != self.k.dtype:
+            raise TypeError(f"k_new and v_new must have the cache's dtype {self.k.dtype}; got {k_new.dtype}")
+        if (k_new.shape[:-2] != self.k.shape[:-2] or k_new.shape[-1] != self.k.shape[-1]
+                or v_new.shape[-1] != self.v.shape[-1]):
             raise ValueError(
                 f"k_new {shape_of(k_new)} / v_new {shape_of(v_new)} must match the cached k "
                 f"{shape_of(self.k)} / v {shape_of(self.v)} except along dim -2"
             )
-        self.k = k_new if self.k is None else torch.cat([self.k, k_new], dim=-2)  # (..., S + T_new, Dh)
-        self.v = v_new if self.v is None else torch.cat([self.v, v_new], dim=-2)  # (..., S + T_new, Dv)
+        return torch.cat([self.k, k_new], dim=-2), torch.cat([self.v, v_new], dim=-2)  # (..., S + T_new, D)
+
+    def append(self, k_new: torch.Tensor, v_new: torch.Tensor):
+        """Store ``k_new``, ``v_new`` after the cached positions and return all keys and values,
+        (..., S, Dh) and (..., S, Dv). On an error (see :meth:`extended`) the cache is unchanged."""
+        self.k, self.v = self.extended(k_new, v_new)
         return self.k, self.v
 
 
@@ -66,8 +89,22 @@ def cached_attention(q_new, k_new, v_new, cache: KVCache, *, scale: float | None
     Returns:
         ``context`` (..., T_new, Dv).
 
+    Raises:
+        TypeError / ValueError: as ``KVCache.append`` and ``selfattn.scaled_dot_product_attention``;
+        ValueError also if ``q_new`` and ``k_new`` differ in T_new. A call that raises leaves the
+        cache unchanged.
+
     Source: chapter 09.
     """
-    k, v = cache.append(k_new, v_new)
+    require_tensor("q_new", q_new)
+    require_min_rank("q_new", q_new, 2, "(..., T_new, Dh)")
+    k, v = cache.extended(k_new, v_new)  # checked, not yet stored
+    if q_new.shape[-2] != k_new.shape[-2]:
+        raise ValueError(
+            f"q_new and k_new must hold the same new positions T_new; got q_new {shape_of(q_new)} and "
+            f"k_new {shape_of(k_new)} (dim -2)"
+        )
     keep = causal_mask(q_new.shape[-2], k.shape[-2], alignment="bottom_right", device=q_new.device)
-    return scaled_dot_product_attention(q_new, k, v, keep, scale=scale)
+    context = scaled_dot_product_attention(q_new, k, v, keep, scale=scale)
+    cache.k, cache.v = k, v  # stored only once the attention has succeeded
+    return context
