@@ -293,3 +293,28 @@ def test_a_nan_value_reaches_only_the_gradients_of_queries_that_may_see_it(block
     assert torch.isfinite(want[0][..., :3, :]).all()  # the reference: queries 0-2 keep finite gradients
     for name, g, w in zip("qkv", got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, equal_nan=True, msg=f"gradient of {name}")
+
+
+def test_second_derivatives_raise_instead_of_silently_vanishing():
+    # Regression: with create_graph=True the gradient came back with requires_grad=False, so a
+    # gradient penalty built on it was silently a constant (gradgradcheck: "expected to be zero").
+    q, k, v = (x.requires_grad_(True) for x in _qkv(1, 1, 5, 7, 3))
+    (gq,) = torch.autograd.grad(tiled_attention(q, k, v).pow(2).sum(), q, create_graph=True)
+    assert torch.isfinite(gq).all()
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        gq.pow(2).sum().backward()
+
+
+@pytest.mark.parametrize("shape_q", [(2, 3, 0, 8), (0, 3, 4, 8)])
+def test_empty_queries_or_batch_give_empty_results_like_the_reference(shape_q):
+    # Regression: T = 0 (or an empty batch) crashed in a reshape ("cannot reshape tensor of 0
+    # elements"); the reference returns an empty (..., T, Dv) result.
+    B, H = shape_q[:2]
+    q = torch.randn(shape_q, dtype=torch.float64, requires_grad=True)
+    k, v = torch.randn(B, H, 11, 8, dtype=torch.float64), torch.randn(B, H, 11, 5, dtype=torch.float64)
+    for kwargs in ({}, {"causal": True, "alignment": "bottom_right"}):
+        out, lse = tiled_attention(q, k, v, return_lse=True, **kwargs)
+        assert out.shape == selfattn.scaled_dot_product_attention(q, k, v).shape == (*shape_q[:3], 5)
+        assert lse.shape == shape_q[:3]
+        (g,) = torch.autograd.grad(out.sum(), q)
+        assert g.shape == q.shape

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .._validate import (
     require_bool_mask,
@@ -191,8 +192,8 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
     """
     T, S, Dh, Dv, lead = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.shape[:-2]
     work, dev = _work_dtype(q.dtype), q.device
-    q3 = q.reshape(-1, T, Dh)  # (..., T, Dh) -> (BH, T, Dh): one batch axis for bmm
-    BH = q3.shape[0]
+    BH = math.prod(lead)
+    q3 = q.reshape(BH, T, Dh)  # (..., T, Dh) -> (BH, T, Dh): one batch axis for bmm (BH or T may be 0)
     out = torch.empty(BH, T, Dv, dtype=q.dtype, device=dev)
     lse = torch.empty(BH, T, dtype=work, device=dev)
     tile_buffer = torch.empty(BH * min(block_q, T) * min(block_k, S), dtype=work, device=dev)  # reused
@@ -302,7 +303,7 @@ def pick_forward(q: torch.Tensor, vis: Visibility):
 
     Returns a callable with the signature of :func:`tiled_forward_torch` (without
     ``reverse_key_tiles``)."""
-    if q.is_cuda and vis.mask is None and vis.window is None:
+    if q.is_cuda and vis.mask is None and vis.window is None and q.numel() > 0:
         from . import triton_kernel
 
         if triton_kernel.triton_available():
@@ -323,7 +324,8 @@ class _TiledAttentionFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    def backward(ctx, d_out, _d_lse):
+    @once_differentiable  # the hand-written backward is not itself differentiable: a second
+    def backward(ctx, d_out, _d_lse):  # derivative raises instead of silently being zero
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = tiled_backward_torch(q, k, v, out, lse, d_out, ctx.vis, ctx.scale, *ctx.blocks)
         return dq, dk, dv, None, None, None, None
@@ -392,7 +394,9 @@ def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str 
     Returns:
         ``out`` (..., T, Dv) in the dtype of ``q`` (scores, softmax and accumulation in float32);
         with ``return_lse``, also ``lse`` (..., T), float32 (float64 for float64 inputs), without gradient. A query with no
-        visible key gets a zero output row, ``lse = -inf``, and zero (finite) gradients.
+        visible key gets a zero output row, ``lse = -inf``, and zero (finite) gradients. First derivatives
+        only: differentiating the gradients again (``create_graph=True``, e.g. a gradient penalty)
+        raises a RuntimeError; use ``selfattn.scaled_dot_product_attention`` for that.
 
     Raises:
         TypeError: non-tensor or non-floating inputs, different dtypes, a non-boolean mask.
