@@ -82,12 +82,18 @@ def test_dispatch_picks_torch_loop_on_cpu_and_triton_on_cuda(monkeypatch):
     class FakeCuda:
         is_cuda = True
 
+        def numel(self):
+            return 16
+
     from selfattn.efficient import triton_kernel
 
     assert tiled.pick_forward(FakeCuda(), Visibility(causal_offset=0)) is triton_kernel.triton_forward
     # a general mask or a window stays on the torch loop even on CUDA
     assert tiled.pick_forward(FakeCuda(), Visibility(mask=torch.ones(4, 4, dtype=torch.bool))) is tiled.tiled_forward_torch
     assert tiled.pick_forward(FakeCuda(), Visibility(causal_offset=0, window=3)) is tiled.tiled_forward_torch
+    empty = FakeCuda()
+    empty.numel = lambda: 0  # nothing to launch a kernel for: the torch loop returns the empty result
+    assert tiled.pick_forward(empty, Visibility()) is tiled.tiled_forward_torch
     monkeypatch.setattr(triton_kernel, "triton_available", lambda: False)
     assert tiled.pick_forward(FakeCuda(), Visibility()) is tiled.tiled_forward_torch
 
