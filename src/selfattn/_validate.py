@@ -104,11 +104,37 @@ def require_bool_mask(name: str, mask) -> None:
     dtype = mask.dtype if isinstance(mask, torch.Tensor) else np.asarray(mask).dtype  # lists too
     is_bool = dtype == torch.bool if isinstance(mask, torch.Tensor) else dtype == np.bool_
     if not is_bool:
+        if isinstance(mask, torch.Tensor):
+            fix = "mask.bool() if 1 means 'keep', or pass an additive float mask as bias=..."
+        else:  # the NumPy reference
+            fix = "mask.astype(bool) (NumPy) if 1 means 'keep', or pass an additive float mask as bias=..."
         raise TypeError(
-            f"{name} must be a boolean tensor with True = may attend; got dtype {dtype}. "
-            "A float or 0/1 tensor is refused because its meaning is ambiguous: convert it with "
-            "mask.bool() if 1 means 'keep', or pass an additive float mask as bias=..."
+            f"{name} must be a boolean {'tensor' if isinstance(mask, torch.Tensor) else 'array'} "
+            f"with True = may attend; got dtype {dtype}. A float or 0/1 mask is refused because its "
+            f"meaning is ambiguous: convert it with {fix}"
         )
+
+
+def require_flag(name: str, value) -> bool:
+    """Return ``value`` if it is a bool (or NumPy bool); raise TypeError for anything else, so that
+    a string such as ``"no"`` is not silently taken as True."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False; got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
+def require_attention_tensors(q, k, v) -> None:
+    """q, k, v: torch tensors of one floating dtype on one device, with the shapes of
+    :func:`require_qkv`."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        require_tensor(name, x)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.dtype.is_floating_point:
+        raise TypeError(f"q, k and v must be floating-point tensors; got dtype {q.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
+    require_qkv(q, k, v)
 
 
 def require_scale(scale) -> None:

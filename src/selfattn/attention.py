@@ -16,6 +16,7 @@ from torch import nn
 from ._validate import (
     require_bool_mask,
     require_broadcastable,
+    require_dtype,
     require_min_rank,
     require_positive_int,
     require_probability,
@@ -36,9 +37,27 @@ def masked_softmax(scores: torch.Tensor, keep: torch.Tensor | None) -> torch.Ten
 
     A row with no kept entry gives all zeros, and finite zero gradients: the masked scores are
     replaced (not added to) by -inf, the row maximum of an empty row is taken as 0, and the
-    division is guarded. Source: chapter 04.
+    division is guarded.
+
+    Args:
+        scores: (..., T, S) floating tensor. keep: boolean keep-mask broadcastable to it, or None.
+
+    Returns:
+        ``weights`` with the shape and dtype of ``scores``; each row sums to 1 (or is all zeros).
+
+    Raises:
+        TypeError: ``scores`` not a floating tensor, ``keep`` not a boolean tensor.
+        ValueError: ``keep`` does not broadcast to the shape of ``scores``.
+
+    Source: chapter 04.
     """
+    require_tensor("scores", scores)
+    if not scores.dtype.is_floating_point:
+        raise TypeError(f"scores must be a floating-point tensor; got dtype {scores.dtype}")
     if keep is not None:
+        require_tensor("keep", keep)
+        require_bool_mask("keep", keep)
+        require_broadcastable("keep", keep, scores.shape, "the shape of scores")
         scores = scores.masked_fill(~keep, float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True).detach()  # the max is a constant shift: no gradient needed
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
@@ -233,6 +252,7 @@ class SelfAttention(nn.Module):
             raise ValueError(
                 f"X must have last dim d_model={self.config.d_model}; got shape {shape_of(X)}"
             )
+        require_dtype("X", X, self.W_Q.dtype)
         Q = X @ self.W_Q  # (B, T, D) @ (D, Dh) -> (B, T, Dh)
         K = X @ self.W_K
         V = X @ self.W_V

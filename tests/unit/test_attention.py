@@ -496,3 +496,29 @@ def test_dropout_p_that_is_not_a_number_is_refused_by_name(gen, bad):
     q, k, v = _qkv(gen)
     with pytest.raises(TypeError, match=r"dropout_p must be a number in \[0, 1\); got " + re.escape(repr(bad))):
         sdpa(q, k, v, dropout_p=bad)
+
+
+def test_self_attention_names_x_when_its_dtype_differs_from_the_parameters():
+    # Regression: a float64 or float16 X gave torch's "expected m1 and m2 to have the same dtype".
+    layer = SelfAttention(AttentionConfig(16, 8))
+    for dtype in (torch.float64, torch.float16):
+        with pytest.raises(TypeError, match=r"X must have the dtype of the module's parameters, torch.float32"):
+            layer(torch.randn(2, 5, 16).to(dtype))
+
+
+def test_masked_softmax_checks_its_arguments_by_name():
+    # Regression: a float, int, list or mis-shaped mask reached torch and failed with its raw errors.
+    scores = torch.randn(2, 3, 4)
+    with pytest.raises(TypeError, match="keep must be a boolean tensor"):
+        masked_softmax(scores, torch.ones(3, 4))
+    with pytest.raises(TypeError, match="keep must be a boolean tensor"):
+        masked_softmax(scores, torch.ones(3, 4, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"keep must broadcast to the shape of scores \(2, 3, 4\); got shape \(3, 5\)"):
+        masked_softmax(scores, torch.ones(3, 5, dtype=torch.bool))
+    with pytest.raises(TypeError, match="scores must be a torch.Tensor; got list"):
+        masked_softmax([[0.0, 1.0]], None)
+    with pytest.raises(TypeError, match="scores must be a floating-point tensor; got dtype torch.int64"):
+        masked_softmax(torch.ones(2, 2, dtype=torch.int64), None)
+    keep = torch.tensor([[True, False, True, True]])
+    expected = ref.softmax(scores.double().numpy(), mask=np.broadcast_to(keep.numpy(), (2, 3, 4)))
+    np.testing.assert_allclose(masked_softmax(scores.double(), keep).numpy(), expected, rtol=1e-12, atol=1e-15)

@@ -114,3 +114,27 @@ def test_variant_errors():
         sliding_window_tiled_attention(q, k, v, 0)
     with pytest.raises(ValueError, match="T == S"):
         linear_attention(q, k[..., :3, :], v[..., :3, :], causal=True)
+
+
+def test_variants_name_bad_dtypes_and_flags():
+    # Regression: linear_attention on int tensors failed inside elu ("elu_cpu" not implemented for
+    # 'Long'), on mixed dtypes with "expected scalar type Double"; causal="no" was taken as True.
+    from selfattn.efficient import tiled_attention
+
+    q = torch.randn(1, 2, 6, 4)
+    with pytest.raises(TypeError, match="floating-point tensors; got dtype torch.int64"):
+        linear_attention(q.long(), q.long(), q.long())
+    with pytest.raises(TypeError, match="q, k and v must share one dtype"):
+        linear_attention(q.double(), q, q)
+    with pytest.raises(TypeError, match="q, k and v must share one dtype"):
+        linear_attention_recurrent(q.double(), q, q)
+    with pytest.raises(TypeError, match="q, k and v must share one dtype"):
+        sliding_window_attention(q.double(), q, q, 2)
+    for call in (lambda: tiled_attention(q, q, q, causal="no"),
+                 lambda: linear_attention(q, q, q, causal="no"),
+                 lambda: sliding_window_attention(q, q, q, 2, causal="no"),
+                 lambda: sliding_window_tiled_attention(q, q, q, 2, causal="no"),
+                 lambda: sliding_window_mask(6, 2, causal="no")):
+        with pytest.raises(TypeError, match=r"causal must be True or False; got 'no' \(str\)"):
+            call()
+    torch.testing.assert_close(tiled_attention(q, q, q, causal=np.bool_(True)), tiled_attention(q, q, q, causal=True))

@@ -66,10 +66,10 @@ def test_softmax_fully_masked_row_is_zero():
 
 def test_softmax_bad_inputs():
     with pytest.raises(
-        TypeError, match=r"mask must be a boolean tensor .*got dtype float64.*bias="
+        TypeError, match=r"mask must be a boolean array .*got dtype float64.*bias="
     ):
         ref.softmax(np.zeros((2, 3)), mask=np.ones((2, 3)))
-    with pytest.raises(TypeError, match=r"mask must be a boolean tensor .*got dtype int64"):
+    with pytest.raises(TypeError, match=r"mask must be a boolean array .*got dtype int64"):
         ref.softmax(np.zeros((2, 3)), mask=np.ones((2, 3), dtype=np.int64))
     with pytest.raises(
         ValueError,
@@ -220,7 +220,7 @@ def test_attention_bad_inputs(rng):
         ref.scaled_dot_product_attention(q, k[..., :3], v)
     with pytest.raises(ValueError, match=re.escape("got k (2, 5, 4) and v (2, 4, 6)")):
         ref.scaled_dot_product_attention(q, k, v[:, :4])
-    with pytest.raises(TypeError, match=r"mask must be a boolean tensor .*float64.*bias="):
+    with pytest.raises(TypeError, match=r"mask must be a boolean array .*float64.*bias="):
         ref.scaled_dot_product_attention(q, k, v, np.ones((3, 5)))
     with pytest.raises(
         ValueError,
@@ -263,5 +263,18 @@ def test_a_python_list_mask_is_accepted_like_the_array():
         ref.scaled_dot_product_attention(q, k, v, keep),
         ref.scaled_dot_product_attention(q, k, v, np.array(keep)), rtol=0, atol=0,
     )
-    with pytest.raises(TypeError, match="mask must be a boolean tensor .*got dtype int"):
+    with pytest.raises(TypeError, match="mask must be a boolean array .*got dtype int"):
         ref.scaled_dot_product_attention(q, k, v, [[1, 0, 0], [1, 1, 0], [1, 1, 1]])
+
+
+def test_softmax_of_an_empty_array_is_empty_not_a_numpy_error():
+    # Regression: ref.softmax(np.zeros((2, 0))) raised "zero-size array to reduction operation maximum".
+    out = ref.softmax(np.zeros((2, 0)))
+    assert out.shape == (2, 0) and out.dtype == np.float64
+
+
+def test_an_integer_mask_error_gives_the_numpy_fix():
+    # Regression: the NumPy reference's message advised mask.bool(), a torch method.
+    q = np.ones((5, 4))
+    with pytest.raises(TypeError, match=r"mask.astype\(bool\) \(NumPy\)"):
+        ref.scaled_dot_product_attention(q, np.ones((7, 4)), np.ones((7, 4)), mask=np.ones((5, 7), dtype=int))

@@ -102,7 +102,7 @@ def test_require_broadcastable():
 )
 def test_require_bool_mask_refuses_float_and_int(mask):
     with pytest.raises(
-        TypeError, match=r"mask must be a boolean tensor with True = may attend; got dtype .*bias="
+        TypeError, match=r"mask must be a boolean (tensor|array) with True = may attend; got dtype .*bias="
     ):
         V.require_bool_mask("mask", mask)
 
@@ -152,5 +152,5 @@ def test_require_probability_accepts_numbers_in_range():
 def test_require_bool_mask_accepts_array_likes_and_refuses_float_lists_by_name():
     # Regression: a Python list of bools raised AttributeError ('list' object has no attribute 'dtype').
     V.require_bool_mask("mask", [[True, False], [True, True]])
-    with pytest.raises(TypeError, match=r"mask must be a boolean tensor .*got dtype float64"):
+    with pytest.raises(TypeError, match=r"mask must be a boolean (tensor|array) .*got dtype float64"):
         V.require_bool_mask("mask", [[1.0, 0.0]])

@@ -22,6 +22,7 @@ from torch.autograd.function import once_differentiable
 from .._validate import (
     require_bool_mask,
     require_broadcastable,
+    require_flag,
     require_min_rank,
     require_positive_int,
     require_qkv,
@@ -408,6 +409,7 @@ def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str 
     """
     scale = validate_attention_inputs(q, k, v, mask, scale)
     block_q, block_k = require_positive_int("block_q", block_q), require_positive_int("block_k", block_k)
+    causal = require_flag("causal", causal)
     if alignment is not None and not causal:
         raise ValueError(f"alignment={alignment!r} only applies with causal=True")
     T, S = q.shape[-2], k.shape[-2]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._validate import require_positive_int, require_qkv, require_tensor, shape_of
+from .._validate import require_attention_tensors, require_flag, require_positive_int, shape_of
 from ..attention import scaled_dot_product_attention
 from .tiled import (
     DEFAULT_BLOCK_K,
@@ -37,11 +37,12 @@ def sliding_window_mask(T: int, window: int, *, causal: bool = True, device=None
     (itself included); with ``causal=False`` the keys with ``|i - j| < window``.
 
     Raises:
-        TypeError / ValueError: ``T`` or ``window`` not a positive int.
+        TypeError / ValueError: ``T`` or ``window`` not a positive int, ``causal`` not a bool.
 
     Source: chapter 08.
     """
     T, window = require_positive_int("T", T), require_positive_int("window", window)
+    causal = require_flag("causal", causal)
     i = torch.arange(T, device=device)[:, None]  # (T, 1)
     j = torch.arange(T, device=device)[None, :]  # (1, T)
     if causal:
@@ -73,10 +74,9 @@ def sliding_window_attention(q, k, v, window: int, causal: bool = True, *, scale
 
     Source: chapter 08.
     """
-    require_tensor("q", q)
-    require_tensor("k", k)
+    require_attention_tensors(q, k, v)
     _require_self_attention(q, k, "sliding_window_attention")
-    keep = sliding_window_mask(q.shape[-2], window, causal=causal, device=q.device)
+    keep = sliding_window_mask(q.shape[-2], window, causal=require_flag("causal", causal), device=q.device)
     return scaled_dot_product_attention(q, k, v, keep, scale=scale)
 
 
@@ -98,7 +98,7 @@ def sliding_window_tiled_attention(q, k, v, window: int, causal: bool = True, *,
     _require_self_attention(q, k, "sliding_window_tiled_attention")
     window = require_positive_int("window", window)
     block_q, block_k = require_positive_int("block_q", block_q), require_positive_int("block_k", block_k)
-    vis = Visibility(causal_offset=0 if causal else None, window=window)
+    vis = Visibility(causal_offset=0 if require_flag("causal", causal) else None, window=window)
     out, _ = _TiledAttentionFunction.apply(q, k, v, vis, scale, block_q, block_k)
     return out
 
@@ -135,17 +135,15 @@ def linear_attention(q, k, v, feature_map="elu+1", causal: bool = False, *, eps:
         ``out`` (..., T, Dv).
 
     Raises:
-        TypeError: non-tensor inputs. ValueError: mismatched shapes, an unknown feature map,
-        causal with T != S.
+        TypeError: non-tensor or non-floating inputs, different dtypes, a ``causal`` that is not a
+        bool. ValueError: mismatched shapes or devices, an unknown feature map, causal with T != S.
 
     Source: chapter 08.
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        require_tensor(name, x)
-    require_qkv(q, k, v)
+    require_attention_tensors(q, k, v)
     phi = _feature_map(feature_map)
     phi_q, phi_k = phi(q), phi(k)  # (..., T, Dh), (..., S, Dh)
-    if causal:
+    if require_flag("causal", causal):
         _require_self_attention(q, k, "causal linear attention")
         T = q.shape[-2]
         keep = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (T, T)
@@ -171,9 +169,7 @@ def linear_attention_recurrent(q, k, v, feature_map="elu+1", *, eps: float = 1e-
 
     Source: chapter 08.
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        require_tensor(name, x)
-    require_qkv(q, k, v)
+    require_attention_tensors(q, k, v)
     _require_self_attention(q, k, "linear_attention_recurrent")
     phi = _feature_map(feature_map)
     phi_q, phi_k = phi(q), phi(k)

@@ -51,6 +51,8 @@ def softmax(x, axis: int = -1, mask=None) -> np.ndarray:
         mask = np.asarray(mask)
         require_broadcastable("mask", mask, x.shape, "the shape of x")
         mask = np.broadcast_to(mask, x.shape)
+    if x.size == 0:  # nothing to normalise (as torch.softmax of an empty tensor): an empty result
+        return np.zeros(x.shape)
     # Replace, do not add: a masked entry must not take part even if it is NaN or inf.
     x = np.where(mask, x, -np.inf)
     row_max = np.max(x, axis=axis, keepdims=True)
