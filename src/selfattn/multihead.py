@@ -185,6 +185,9 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(
                 f"x_q and x_kv must have the same batch size B; got x_q {shape_of(x_q)} and x_kv {shape_of(x_kv)}"
             )
+        if x_kv.shape[1] == 0:
+            name = "x_q (self-attention reads its keys and values from x_q)" if x_kv is x_q else "x_kv"
+            raise ValueError(f"{name} must hold at least one position; got shape {shape_of(x_kv)}")
 
     def forward(
         self,

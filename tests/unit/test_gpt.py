@@ -145,3 +145,16 @@ def test_training_beats_the_uniform_baseline_and_logs_validation():
         log.val_loss[-1], abs=1e-6
     )
     assert not model.training
+
+
+def test_empty_input_and_infinite_temperature_are_named_errors():
+    # Regression: an empty input_ids failed with "T must be > 0" (from the causal mask, not naming
+    # input_ids); temperature=inf was accepted although the rule is a finite number > 0.
+    model = _model(block_size=8)
+    empty = torch.zeros(1, 0, dtype=torch.int64)
+    for call in (lambda: model(empty), lambda: model.generate(empty, 2)):
+        with pytest.raises(ValueError, match=r"input_ids must hold at least one token \(T > 0\); got shape \(1, 0\)"):
+            call()
+    for bad in (math.inf, math.nan, True):
+        with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+            model.generate(torch.tensor([[1, 2]]), 2, temperature=bad)

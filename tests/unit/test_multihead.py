@@ -284,3 +284,15 @@ def test_head_weights_accepts_any_integral_index():
         torch.testing.assert_close(got.W_O, mha.W_O[4:8, :], rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"h must be an int in \[0, 3\); got 1.0"):
         mha.head_weights(1.0)
+
+
+def test_an_empty_sequence_is_named_by_the_argument_the_user_passed():
+    # Regression: self-attention over x_q with T = 0 said "k and v must hold at least one position",
+    # names the user never passed.
+    mha = _module()
+    with pytest.raises(ValueError, match=r"x_q \(self-attention reads its keys and values from x_q\) must hold at least one position; got shape \(2, 0, 12\)"):
+        mha(torch.zeros(2, 0, 12, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"x_kv must hold at least one position; got shape \(2, 0, 12\)"):
+        mha(torch.zeros(2, 3, 12, dtype=torch.float64), torch.zeros(2, 0, 12, dtype=torch.float64))
+    out = mha(torch.zeros(2, 0, 12, dtype=torch.float64), torch.ones(2, 3, 12, dtype=torch.float64))
+    assert out.shape == (2, 0, 12)  # no queries, some keys: an empty result, as the reference

@@ -65,6 +65,8 @@ class GPT(TinyLM):
         require_tensor("input_ids", input_ids)
         require_rank("input_ids", input_ids, 2, "(B, T)")
         T = input_ids.shape[1]
+        if T == 0:
+            raise ValueError(f"input_ids must hold at least one token (T > 0); got shape {shape_of(input_ids)}")
         if start + T > self.config.block_size:
             raise ValueError(
                 f"positions {start}..{start + T - 1} exceed block_size={self.config.block_size}; "
@@ -152,8 +154,8 @@ class GPT(TinyLM):
         require_tensor("input_ids", input_ids)
         require_rank("input_ids", input_ids, 2, "(B, T0)")
         n_new = require_positive_int("max_new_tokens", max_new_tokens)
-        if not (isinstance(temperature, (int, float)) and temperature > 0):
-            raise ValueError(f"temperature must be a number > 0; got {temperature!r}")
+        if isinstance(temperature, bool) or not (isinstance(temperature, (int, float)) and 0 < temperature < math.inf):
+            raise ValueError(f"temperature must be a finite number > 0; got {temperature!r}")
         total = input_ids.shape[1] + n_new
         if total > self.config.block_size:
             raise ValueError(
