@@ -93,3 +93,14 @@ def test_stable_softmax_rejects_wrong_values():
 def test_scaled_scores_rejects_wrong_values():
     fb = ch02.check_scaled_scores(lambda Q, K, d_model: Q @ K.T / 3.0)
     assert not fb.ok and "wrong values" in fb.message
+
+
+def test_stable_softmax_names_a_low_precision_dtype_instead_of_blaming_the_row_sums():
+    # Regression: a correct softmax returned as float16 got "The rows do not sum to one (row sums
+    # [1.0002, ...])", which points at the maths instead of the dtype.
+    for dtype in (np.float16, np.float32):
+        fb = ch02.check_stable_softmax(lambda x, dtype=dtype: stable_softmax(x).astype(dtype))
+        assert not fb.ok and f"you returned {np.dtype(dtype).name}" in fb.message, fb.message
+        assert "compute and return float64" in fb.message
+    fb = ch02.check_stable_softmax(lambda x: np.exp(x).astype(np.float16))  # wrong maths stays wrong maths
+    assert not fb.ok and "you returned" not in fb.message

@@ -31,6 +31,11 @@ def check_stable_softmax(fn):
     if arr.shape != x.shape:
         return failed(ex, f"For x of shape {x.shape} the weights should have the same shape; got {arr.shape} "
                           "(softmax normalises, it does not reduce an axis).")
+    low = str(getattr(got, "dtype", "")).replace("torch.", "")
+    if low in ("float16", "bfloat16", "float32") and np.allclose(arr, ref.softmax(x), atol=3e-2 if low != "float32" else 1e-6):
+        return failed(ex, f"Right values, but you returned {low}, which rounds them (rows sum to 1 only to about "
+                          f"{'1e-3' if low != 'float32' else '1e-7'}). x is float64: compute and return float64, "
+                          "e.g. without .astype or .to(...) casts.")
     if np.isfinite(arr).all():
         if np.allclose(arr, ref.softmax(x, axis=0), atol=1e-9):
             return failed(ex, "The columns sum to one but the rows do not sum to one: normalise over the last axis "
