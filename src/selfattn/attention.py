@@ -60,10 +60,12 @@ def masked_softmax(scores: torch.Tensor, keep: torch.Tensor | None) -> torch.Ten
         require_broadcastable("keep", keep, scores.shape, "the shape of scores")
         scores = scores.masked_fill(~keep, float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True).detach()  # the max is a constant shift: no gradient needed
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    # only an empty row (max -inf) is shifted by 0; a +inf or NaN score must give NaN (as torch.softmax and
+    # selfattn.ref.softmax do), not a row that looks like valid weights
+    row_max = torch.where(row_max == float("-inf"), torch.zeros_like(row_max), row_max)
     e = torch.exp(scores - row_max)  # exp(-inf) = 0 exactly
     total = e.sum(dim=-1, keepdim=True)
-    return e / torch.where(total > 0, total, torch.ones_like(total))
+    return e / torch.where(total == 0, torch.ones_like(total), total)  # not `total > 0`: a NaN total stays NaN
 
 
 def _finite_keys_values(k, v, keep):

@@ -522,3 +522,13 @@ def test_masked_softmax_checks_its_arguments_by_name():
     keep = torch.tensor([[True, False, True, True]])
     expected = ref.softmax(scores.double().numpy(), mask=np.broadcast_to(keep.numpy(), (2, 3, 4)))
     np.testing.assert_allclose(masked_softmax(scores.double(), keep).numpy(), expected, rtol=1e-12, atol=1e-15)
+
+
+def test_masked_softmax_treats_a_positive_infinite_score_like_torch_and_the_reference():
+    # Regression: the row maximum +inf was replaced by 0, so [inf, 1] gave [nan, 0], a row with a
+    # silent zero; torch.softmax and selfattn.ref.softmax both give [nan, nan].
+    scores = torch.tensor([[float("inf"), 1.0], [0.0, 1.0]], dtype=torch.float64)
+    got = masked_softmax(scores, None)
+    assert torch.isnan(got[0]).all()
+    np.testing.assert_allclose(got.numpy(), ref.softmax(scores.numpy()), rtol=1e-12, atol=0)  # NaN where NaN
+    torch.testing.assert_close(got, torch.softmax(scores, dim=-1), equal_nan=True)
