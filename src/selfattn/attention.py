@@ -125,7 +125,8 @@ def scaled_dot_product_attention(
     Args:
         q: queries, shape (..., T, Dh), typically (B, H, T, Dh).
         k: keys, shape (..., S, Dh).
-        v: values, shape (..., S, Dv).
+        v: values, shape (..., S, Dv). q, k and v must have the same leading axes: unlike torch's
+            function, a k or v of batch size 1 is not broadcast against q (expand it first).
         mask: optional ``torch.bool`` keep-mask broadcastable to (..., T, S). A float mask is
             refused (pass an additive one as ``bias``).
         bias: optional additive float tensor broadcastable to (..., T, S).
