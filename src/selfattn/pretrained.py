@@ -125,6 +125,12 @@ class MiniLM:
         # The shipped tokenizer pads every input to 128 tokens; pad to the batch's longest instead.
         self.tokenizer.enable_padding(pad_id=self.config.pad_token_id, pad_token="[PAD]")
         self.tokenizer.enable_truncation(max_length=self.config.max_positions)
+        # sentence-transformers reads at most max_seq_length word pieces (256 for this model), fewer
+        # than the 512 positions the encoder has; sentence_embedding truncates where it does.
+        st_config = path / "sentence_bert_config.json"
+        self.max_seq_length = (int(json.loads(st_config.read_text())["max_seq_length"]) if st_config.exists()
+                               else self.config.max_positions)
+        self._truncated_tokenizers: dict[int, object] = {}
         tensors = load_file(str(path / "model.safetensors"))
         # Weights as float32; integer buffers (position_ids) keep their dtype.
         self.state_dict = {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
@@ -134,12 +140,17 @@ class MiniLM:
         """The token embedding table, shape (V, D) = (30522, 384), float32."""
         return self.state_dict["embeddings.word_embeddings.weight"]
 
-    def tokenize(self, sentences: str | list[str]) -> TokenBatch:
+    def tokenize(self, sentences: str | list[str], max_length: int | None = None) -> TokenBatch:
         """Tokenize one sentence or a list of them with [CLS] ... [SEP], padded to the longest.
+
+        Args:
+            sentences: one string or a list of strings.
+            max_length: cut each sentence to this many tokens ([CLS] and [SEP] included); default
+                the encoder's ``max_positions`` (512).
 
         Raises:
             TypeError: ``sentences`` is not a string or a list of strings.
-            ValueError: the list is empty.
+            ValueError: the list is empty; ``max_length`` not in [2, max_positions].
         """
         if isinstance(sentences, str):
             sentences = [sentences]
@@ -147,12 +158,26 @@ class MiniLM:
             raise TypeError(f"sentences must be a str or a list of str; got {type(sentences).__name__}")
         if not sentences:
             raise ValueError("sentences must not be empty")
-        encodings = self.tokenizer.encode_batch(list(sentences))
+        encodings = self._tokenizer_for(max_length).encode_batch(list(sentences))
         return TokenBatch(
             input_ids=torch.tensor([e.ids for e in encodings], dtype=torch.int64),
             attention_mask=torch.tensor([e.attention_mask for e in encodings], dtype=torch.int64),
             tokens=[list(e.tokens) for e in encodings],
         )
+
+    def _tokenizer_for(self, max_length: int | None):
+        """The tokenizer truncating at ``max_length`` (a copy of ``self.tokenizer``, made once)."""
+        if max_length is None or max_length == self.config.max_positions:
+            return self.tokenizer
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or not 2 <= max_length <= self.config.max_positions:
+            raise ValueError(f"max_length must be an int in [2, {self.config.max_positions}]; got {max_length!r}")
+        if max_length not in self._truncated_tokenizers:
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_str(self.tokenizer.to_str())
+            tokenizer.enable_truncation(max_length=max_length)
+            self._truncated_tokenizers[max_length] = tokenizer
+        return self._truncated_tokenizers[max_length]
 
     def token_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The context-free lookup ``E[input_ids]``: (B, T) int64 -> (B, T, D) float32.
@@ -219,7 +244,8 @@ class MiniLM:
         self._encoder = enc.eval().requires_grad_(False)
         return self._encoder
 
-    def run(self, sentences: str | list[str], output_weights: bool = True) -> MiniLMRun:
+    def run(self, sentences: str | list[str], output_weights: bool = True, *,
+            max_length: int | None = None) -> MiniLMRun:
         """Tokenize ``sentences`` (padded to the longest) and run the package's encoder on them.
 
         Padding is masked through the attention_mask in every layer, so the result for a sentence
@@ -228,6 +254,7 @@ class MiniLM:
         Args:
             sentences: one string or a list of strings.
             output_weights: also return the attention weights of every layer.
+            max_length: cut each sentence to this many tokens (see :meth:`tokenize`).
 
         Returns:
             A :class:`MiniLMRun`: ``batch`` (the :class:`TokenBatch`), ``hidden_states`` (7
@@ -239,7 +266,7 @@ class MiniLM:
 
         Source: chapters 01, 06 and 07.
         """
-        batch = self.tokenize(sentences)
+        batch = self.tokenize(sentences, max_length)
         encoder = self.encoder()
         with torch.no_grad():
             out = encoder(batch.input_ids, batch.attention_mask, output_weights=output_weights)
@@ -247,14 +274,16 @@ class MiniLM:
 
     def sentence_embedding(self, sentences: str | list[str]) -> torch.Tensor:
         """Sentence embeddings as sentence-transformers computes them for all-MiniLM-L6-v2: the mean
-        of the last layer's vectors over the real tokens (padding excluded), L2-normalised.
+        of the last layer's vectors over the real tokens (padding excluded), L2-normalised. Like
+        sentence-transformers, it reads at most ``max_seq_length`` = 256 word pieces of each
+        sentence (the package's ``sentence_bert_config.json``); the rest is cut off.
 
         Returns:
             (B, 384) float32, each row of unit length.
 
         Source: Reimers & Gurevych 2019 (Sentence-BERT, mean pooling); chapter 01.
         """
-        run = self.run(sentences, output_weights=False)
+        run = self.run(sentences, output_weights=False, max_length=self.max_seq_length)
         real = run.batch.attention_mask[..., None].to(torch.float32)  # (B, T) -> (B, T, 1)
         summed = (run.last_hidden_state * real).sum(dim=1)  # (B, T, D) -> (B, D)
         mean = summed / real.sum(dim=1).clamp(min=1.0)  # (B, D) / (B, 1)

@@ -93,3 +93,20 @@ def test_sentence_embeddings_match_sentence_transformers():
     print(f"\nsentence embeddings: min cosine {cos.min().item():.7f}, max abs diff {max_abs:.3e}")
     assert cos.min().item() >= 0.9999
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-4)
+
+
+def test_long_sentences_are_cut_where_sentence_transformers_cuts_them():
+    # Regression: sentence_embedding read up to 512 word pieces, sentence-transformers 256
+    # (max_seq_length in the package's sentence_bert_config.json): past 256 the embeddings differed
+    # by up to 0.07 on unit vectors.
+    st = pytest.importorskip("sentence_transformers")
+    try:
+        model = st.SentenceTransformer(str(model_dir()), device="cpu")
+    except Exception as err:  # offline loading can fail on a missing optional file
+        pytest.skip(f"sentence-transformers could not load the model offline: {err}")
+    long = ["The cat sat.", "word " * 300, " ".join(f"tok{i}" for i in range(400))]
+    minilm = load_minilm()
+    assert minilm.max_seq_length == model.max_seq_length == 256
+    assert minilm.tokenize(long[1]).input_ids.shape[1] > 256  # run() still reads the encoder's full 512
+    theirs = torch.as_tensor(model.encode(long, convert_to_numpy=True))
+    torch.testing.assert_close(minilm.sentence_embedding(long), theirs, rtol=0, atol=1e-4)

@@ -161,3 +161,13 @@ def test_integer_buffers_keep_their_dtype(minilm):
     # Regression: every tensor used to be cast to float32, position_ids included.
     assert minilm.state_dict["embeddings.position_ids"].dtype == torch.int64
     assert minilm.state_dict["embeddings.word_embeddings.weight"].dtype == torch.float32
+
+
+def test_tokenize_max_length_cuts_and_is_checked():
+    minilm = load_minilm()
+    text = "word " * 300
+    assert minilm.tokenize(text, max_length=10).input_ids.shape == (1, 10)
+    assert minilm.tokenize(text).input_ids.shape == (1, 302)  # [CLS] + 300 + [SEP]: within 512
+    for bad in (1, 513, 2.5, True):
+        with pytest.raises(ValueError, match=r"max_length must be an int in \[2, 512\]"):
+            minilm.tokenize(text, max_length=bad)
