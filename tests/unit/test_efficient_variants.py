@@ -138,3 +138,28 @@ def test_variants_name_bad_dtypes_and_flags():
         with pytest.raises(TypeError, match=r"causal must be True or False; got 'no' \(str\)"):
             call()
     torch.testing.assert_close(tiled_attention(q, q, q, causal=np.bool_(True)), tiled_attention(q, q, q, causal=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_linear_attention_in_half_precision_computes_in_float32(dtype):
+    # Regression: the sums over 5000 positions overflowed float16 (407 non-finite outputs).
+    x = torch.randn(1, 1, 5000, 4, generator=torch.Generator().manual_seed(0))
+    q, k, v = (3 * x).to(dtype), (3 * x).to(dtype), x.to(dtype)
+    want = linear_attention(q.float(), k.float(), v.float())
+    got = linear_attention(q, k, v)
+    assert got.dtype == dtype and torch.isfinite(got).all()
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+    short = (x[..., :50, :] * 3).to(dtype)
+    got_c = linear_attention(short, short, x[..., :50, :].to(dtype), causal=True)
+    got_r = linear_attention_recurrent(short, short, x[..., :50, :].to(dtype))
+    assert got_c.dtype == got_r.dtype == dtype
+    torch.testing.assert_close(got_c.float(), got_r.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_linear_attention_checks_eps():
+    q = torch.randn(1, 1, 6, 4)
+    for bad in ("a", -1.0, float("inf"), float("nan"), True):
+        with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
+            linear_attention(q, q, q, eps=bad)
+        with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
+            linear_attention_recurrent(q, q, q, eps=bad)

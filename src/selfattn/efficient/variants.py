@@ -7,6 +7,8 @@ the window hides every key farther than ``window`` positions; linear attention r
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -118,6 +120,16 @@ def _feature_map(name):
     return FEATURE_MAPS[name]
 
 
+def _linear_inputs(q, k, v, eps):
+    """Check the inputs of the linear-attention functions; return q, k, v in the arithmetic dtype
+    (float32 for half-precision inputs: sums over thousands of positions overflow float16) and eps."""
+    require_attention_tensors(q, k, v)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0 <= eps < math.inf):
+        raise ValueError(f"eps must be a finite number >= 0; got {eps!r}")
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    return q.to(work), k.to(work), v.to(work), float(eps)
+
+
 def linear_attention(q, k, v, feature_map="elu+1", causal: bool = False, *, eps: float = 1e-6):
     """Linear attention in its parallel form (Katharopoulos et al. 2020, eqs. 5-6 and 8-9).
 
@@ -129,18 +141,20 @@ def linear_attention(q, k, v, feature_map="elu+1", causal: bool = False, *, eps:
     Args:
         q, k, v: (..., T, Dh), (..., S, Dh), (..., S, Dv); causal needs T == S.
         feature_map: ``"elu+1"`` (the paper's), ``"relu"``, or a callable on tensors.
-        eps: added to the normalizer (a relu feature map can make it 0).
+        eps: added to the normalizer (a relu feature map can make it 0); a finite number >= 0.
 
     Returns:
-        ``out`` (..., T, Dv).
+        ``out`` (..., T, Dv) in the dtype of ``q`` (computed in float32 for float16/bfloat16).
 
     Raises:
         TypeError: non-tensor or non-floating inputs, different dtypes, a ``causal`` that is not a
-        bool. ValueError: mismatched shapes or devices, an unknown feature map, causal with T != S.
+        bool. ValueError: mismatched shapes or devices, an unknown feature map, causal with T != S,
+        a negative or non-finite ``eps``.
 
     Source: chapter 08.
     """
-    require_attention_tensors(q, k, v)
+    dtype = q.dtype if isinstance(q, torch.Tensor) else None
+    q, k, v, eps = _linear_inputs(q, k, v, eps)
     phi = _feature_map(feature_map)
     phi_q, phi_k = phi(q), phi(k)  # (..., T, Dh), (..., S, Dh)
     if require_flag("causal", causal):
@@ -148,10 +162,11 @@ def linear_attention(q, k, v, feature_map="elu+1", causal: bool = False, *, eps:
         T = q.shape[-2]
         keep = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (T, T)
         sim = (phi_q @ phi_k.transpose(-2, -1)) * keep  # (..., T, Dh) @ (..., Dh, T) -> (..., T, T)
-        return (sim @ v) / (sim.sum(dim=-1, keepdim=True) + eps)  # (..., T, T) @ (..., T, Dv) -> (..., T, Dv)
+        out = (sim @ v) / (sim.sum(dim=-1, keepdim=True) + eps)  # (..., T, T) @ (..., T, Dv) -> (..., T, Dv)
+        return out.to(dtype)
     kv = phi_k.transpose(-2, -1) @ v  # (..., Dh, S) @ (..., S, Dv) -> (..., Dh, Dv)
     normalizer = phi_q @ phi_k.sum(dim=-2)[..., None]  # (..., T, Dh) @ (..., Dh, 1) -> (..., T, 1)
-    return (phi_q @ kv) / (normalizer + eps)  # (..., T, Dh) @ (..., Dh, Dv) -> (..., T, Dv)
+    return ((phi_q @ kv) / (normalizer + eps)).to(dtype)  # (..., T, Dh) @ (..., Dh, Dv) -> (..., T, Dv)
 
 
 def linear_attention_recurrent(q, k, v, feature_map="elu+1", *, eps: float = 1e-6):
@@ -169,7 +184,8 @@ def linear_attention_recurrent(q, k, v, feature_map="elu+1", *, eps: float = 1e-
 
     Source: chapter 08.
     """
-    require_attention_tensors(q, k, v)
+    dtype = q.dtype if isinstance(q, torch.Tensor) else None
+    q, k, v, eps = _linear_inputs(q, k, v, eps)
     _require_self_attention(q, k, "linear_attention_recurrent")
     phi = _feature_map(feature_map)
     phi_q, phi_k = phi(q), phi(k)
@@ -181,4 +197,4 @@ def linear_attention_recurrent(q, k, v, feature_map="elu+1", *, eps: float = 1e-
         z = z + phi_k[..., i, :]
         numerator = (phi_q[..., i, None, :] @ state)[..., 0, :]  # (..., 1, Dh) @ (..., Dh, Dv) -> (..., Dv)
         outs.append(numerator / ((phi_q[..., i, :] * z).sum(dim=-1, keepdim=True) + eps))
-    return torch.stack(outs, dim=-2)  # T x (..., Dv) -> (..., T, Dv)
+    return torch.stack(outs, dim=-2).to(dtype)  # T x (..., Dv) -> (..., T, Dv)
