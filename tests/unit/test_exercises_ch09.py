@@ -122,3 +122,28 @@ def test_online_attention_accepts_float32_and_says_close():
     assert ch09.check_online_attention(float32)
     feedback = ch09.check_online_attention(with_eps)
     assert not feedback and "Close" in feedback.message and "1e-05" in feedback.message, feedback.message
+
+
+def test_online_attention_refuses_an_answer_that_builds_all_the_scores():
+    # Regression: plain full-softmax attention passed 9.2 and was praised for "never holding a whole
+    # row of scores".
+    def full(q, k, v, block_size):
+        s = q @ k.T / np.sqrt(q.shape[1])
+        e = np.exp(s - s.max(1, keepdims=True))
+        return e / e.sum(1, keepdims=True) @ v
+
+    feedback = ch09.check_online_attention(full)
+    assert not feedback and "not online" in feedback.message and "MiB" in feedback.message
+
+    def copies_then_online(q, k, v, block_size):  # copying the inputs is not holding the scores
+        return solution_online(q.copy(), k.copy(), v.copy(), block_size)
+
+    assert ch09.check_online_attention(copies_then_online)
+    import tracemalloc  # a caller's own tracing is left running
+
+    tracemalloc.start()
+    try:
+        assert not ch09.check_online_attention(full)
+        assert tracemalloc.is_tracing()
+    finally:
+        tracemalloc.stop()

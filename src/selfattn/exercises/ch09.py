@@ -7,6 +7,8 @@ the rescaling upside down, NaN for an empty state, a forgotten last block, per-b
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 
 from .. import ref
@@ -16,6 +18,30 @@ __all__ = ["check_merge_states", "check_online_attention"]
 
 _EX1 = "9.1 merge two softmax states"
 _EX2 = "9.2 online attention"
+
+
+def _score_bytes_held(fn, T: int = 64, S: int = 4096, block_size: int = 64) -> int | None:
+    """Peak NumPy memory of ``fn`` at T queries over S keys, if it reaches half of the (T, S) float64
+    score matrix (an answer that builds all the scores at once), else None. Measured with
+    ``tracemalloc``, which sees NumPy's allocations; a block-wise answer holds a few (T, block)
+    arrays, about 1/64 of that, and a copy of k or v (S x 2) is 1/32 of it."""
+    rng = np.random.default_rng(91)
+    q, k, v = rng.normal(size=(T, 2)), rng.normal(size=(S, 2)), rng.normal(size=(S, 2))
+    already = tracemalloc.is_tracing()  # someone else's tracing is left running
+    if already:
+        tracemalloc.reset_peak()
+    else:
+        tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        fn(q, k, v, block_size)
+        peak = tracemalloc.get_traced_memory()[1] - start
+    except Exception:  # noqa: BLE001 - the learner's code already passed at the small size
+        return None
+    finally:
+        if not already:
+            tracemalloc.stop()
+    return peak if peak >= T * S * 8 // 2 else None
 
 
 @checker(_EX1)
@@ -108,7 +134,13 @@ def check_online_attention(fn):
     expected = ref.scaled_dot_product_attention(q, k, v)
     wrong = compare_arrays(_EX2, got, expected, what="The output", atol=_ATOL, rtol=_RTOL)
     if wrong is None:
-        return passed(_EX2, "Exact attention without ever holding a whole row of scores: this loop, run on "
+        held = _score_bytes_held(fn)
+        if held is not None:
+            return failed(_EX2, f"Right values, but not online: at T=64 queries and S=4096 keys your function held "
+                                f"{held / 2**20:.1f} MiB at once, as much as the whole (T, S) score matrix "
+                                f"({64 * 4096 * 8 / 2**20:.1f} MiB in float64). Read the keys block_size at a time "
+                                "and keep only a running maximum, a running sum and an accumulator per query.")
+        return passed(_EX2, "Exact attention reading the keys one block at a time: this loop, run on "
                             "tiles of queries too, is FlashAttention's forward pass.")  # fmt: skip
     arr = to_numpy(got)
     if arr is not None and arr.shape == expected.shape and np.isfinite(arr).all():
