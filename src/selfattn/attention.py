@@ -17,6 +17,7 @@ from ._validate import (
     require_bool_mask,
     require_broadcastable,
     require_dtype,
+    require_flag,
     require_min_rank,
     require_positive_int,
     require_probability,
@@ -208,6 +209,7 @@ class AttentionConfig:
     def __post_init__(self):
         require_positive_int("d_model", self.d_model)
         require_positive_int("d_head", self.d_head)
+        require_flag("bias", self.bias)
 
 
 class SelfAttention(nn.Module):

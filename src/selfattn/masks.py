@@ -95,6 +95,9 @@ def padding_mask(lengths, S: int | None = None, *, device=None) -> torch.Tensor:
     if int(lengths.min()) < 0:
         raise ValueError(f"lengths must be >= 0; got {lengths.tolist()}")
     max_len = int(lengths.max())
+    if S is None and max_len == 0:
+        raise ValueError(f"lengths are all 0, so the padded length S would be 0 and the mask could not be "
+                         f"applied to any key: pass S, or at least one length > 0; got {lengths.tolist()}")
     S = max_len if S is None else require_positive_int("S", S)
     if max_len > S:
         raise ValueError(f"every length must be <= S={S}; got lengths {lengths.tolist()}")

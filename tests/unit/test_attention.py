@@ -532,3 +532,10 @@ def test_masked_softmax_treats_a_positive_infinite_score_like_torch_and_the_refe
     assert torch.isnan(got[0]).all()
     np.testing.assert_allclose(got.numpy(), ref.softmax(scores.numpy()), rtol=1e-12, atol=0)  # NaN where NaN
     torch.testing.assert_close(got, torch.softmax(scores, dim=-1), equal_nan=True)
+
+
+def test_attention_config_bias_must_be_a_bool():
+    # Regression: bias="no" was taken as True and created b_Q, b_K, b_V (MHAConfig already refused it).
+    with pytest.raises(TypeError, match=r"bias must be True or False; got 'no' \(str\)"):
+        AttentionConfig(8, 4, bias="no")
+    assert [n for n, _ in SelfAttention(AttentionConfig(8, 4, bias=False)).named_parameters()] == ["W_Q", "W_K", "W_V"]

@@ -130,3 +130,12 @@ def test_cache_rejects_a_dtype_change():
     with pytest.raises(TypeError, match="one dtype"):
         cache.append(torch.zeros(1, 1, 4), torch.zeros(1, 1, 4, dtype=torch.float64))
     assert cache.k.dtype == torch.float32 and len(cache) == 3
+
+
+def test_no_new_position_is_an_error_that_names_q_new():
+    # Regression: T_new = 0 failed inside causal_mask with "T must be > 0; got 0".
+    cache = KVCache()
+    x = torch.randn(1, 1, 0, 4)
+    with pytest.raises(ValueError, match=r"q_new, k_new and v_new must hold at least one new position \(T_new > 0\)"):
+        cached_attention(x, x, x, cache)
+    assert len(cache) == 0

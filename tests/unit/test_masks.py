@@ -203,3 +203,11 @@ def test_padding_mask_empty_or_non_sequence_lengths_are_refused_by_name():
                            + re.escape(shown)):
             padding_mask(bad)
     assert padding_mask([1, 3]).tolist() == [[[[True, False, False]]], [[[True, True, True]]]]
+
+
+def test_padding_mask_of_all_zero_lengths_needs_s():
+    # Regression: padding_mask([0, 0]) returned a (2, 1, 1, 0) mask that fits no keys.
+    with pytest.raises(ValueError, match=r"lengths are all 0.*pass S"):
+        padding_mask([0, 0])
+    keep = padding_mask([0, 2], S=3)
+    assert keep.shape == (2, 1, 1, 3) and keep[0].sum() == 0 and keep[1, 0, 0].tolist() == [True, True, False]

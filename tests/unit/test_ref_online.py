@@ -119,3 +119,11 @@ def test_online_softmax_nan_entry_gives_a_nan_row_like_softmax():
     x = np.array([[np.nan, 0.0, 1.0], [1.0, 2.0, 3.0]])
     np.testing.assert_allclose(online.online_softmax(x, 2), ref.softmax(x), rtol=1e-15)
     assert np.isnan(online.online_softmax(x, 2)[0]).all()
+
+
+def test_logsumexp_of_an_empty_slice_is_minus_infinity():
+    # Regression: ref.logsumexp(np.zeros(0)) raised NumPy's "zero-size array to reduction operation".
+    assert online.logsumexp(np.zeros(0)) == -np.inf
+    out = online.logsumexp(np.zeros((3, 0)))
+    assert out.shape == (3,) and np.all(out == -np.inf)
+    assert online.logsumexp(np.zeros((0, 4))).shape == (0,)

@@ -104,6 +104,8 @@ def cached_attention(q_new, k_new, v_new, cache: KVCache, *, scale: float | None
             f"q_new and k_new must hold the same new positions T_new; got q_new {shape_of(q_new)} and "
             f"k_new {shape_of(k_new)} (dim -2)"
         )
+    if q_new.shape[-2] == 0:
+        raise ValueError(f"q_new, k_new and v_new must hold at least one new position (T_new > 0); got q_new {shape_of(q_new)}")
     keep = causal_mask(q_new.shape[-2], k.shape[-2], alignment="bottom_right", device=q_new.device)
     context = scaled_dot_product_attention(q_new, k, v, keep, scale=scale)
     cache.k, cache.v = k, v  # stored only once the attention has succeeded

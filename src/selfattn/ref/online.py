@@ -86,6 +86,8 @@ def logsumexp(x, axis: int = -1) -> np.ndarray:
     """``log sum exp(x)`` along ``axis``, stably (``max + log sum exp(x - max)``); ``-inf`` for an
     all ``-inf`` slice. The quantity tiled attention returns per query row. Source: chapter 09."""
     x = require_array("x", x)
+    if x.shape[axis] == 0:  # the log of an empty sum: -inf, like an all -inf slice (and torch.logsumexp)
+        return np.full(np.delete(np.array(x.shape), axis % x.ndim).tolist(), -np.inf)
     top = np.max(x, axis=axis, keepdims=True)
     top = np.where(np.isfinite(top), top, 0.0)
     total = np.exp(x - top).sum(axis=axis, keepdims=True)
