@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ._validate import (
+    require_attention_tensors,
     require_bool_mask,
     require_broadcastable,
     require_dtype,
@@ -21,7 +22,6 @@ from ._validate import (
     require_min_rank,
     require_positive_int,
     require_probability,
-    require_qkv,
     require_rank,
     require_scale,
     require_tensor,
@@ -59,6 +59,12 @@ def masked_softmax(scores: torch.Tensor, keep: torch.Tensor | None) -> torch.Ten
         require_tensor("keep", keep)
         require_bool_mask("keep", keep)
         require_broadcastable("keep", keep, scores.shape, "the shape of scores")
+    return _masked_softmax(scores, keep)
+
+
+def _masked_softmax(scores: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """:func:`masked_softmax` without the argument checks (its callers have made them)."""
+    if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True).detach()  # the max is a constant shift: no gradient needed
     # only an empty row (max -inf) is shifted by 0; a +inf or NaN score must give NaN (as torch.softmax and
@@ -147,18 +153,10 @@ def scaled_dot_product_attention(
 
     Source: chapter 03; masking chapter 04.
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        require_tensor(name, x)
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not q.dtype.is_floating_point:
-        raise TypeError(f"q, k and v must be floating-point tensors; got dtype {q.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
+    require_attention_tensors(q, k, v)
     for name, x in (("mask", mask), ("bias", bias)):
         if x is not None and isinstance(x, torch.Tensor) and x.device != q.device:
             raise ValueError(f"{name} must be on the device of q ({q.device}); got {x.device}")
-    require_qkv(q, k, v)
     require_scale(scale)
     require_probability("dropout_p", dropout_p)
     T, S = q.shape[-2], k.shape[-2]
@@ -184,7 +182,7 @@ def scaled_dot_product_attention(
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, Dh) @ (..., Dh, S) -> (..., T, S)
     if bias is not None:
         scores = scores + bias.to(scores.dtype)
-    weights = masked_softmax(scores, mask)  # (..., T, S), rows sum to 1 (or 0 if nothing visible)
+    weights = _masked_softmax(scores, mask)  # (..., T, S), rows sum to 1 (or 0 if nothing visible)
     if dropout_p > 0.0:
         weights = torch.nn.functional.dropout(weights, p=dropout_p, training=True)
     context = _read_values(weights, v, mask)  # (..., T, S) @ (..., S, Dv) -> (..., T, Dv)

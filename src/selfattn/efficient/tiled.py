@@ -20,12 +20,12 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._validate import (
+    require_attention_tensors,
     require_bool_mask,
     require_broadcastable,
     require_flag,
     require_min_rank,
     require_positive_int,
-    require_qkv,
     require_scale,
     require_tensor,
 )
@@ -335,13 +335,7 @@ class _TiledAttentionFunction(torch.autograd.Function):
 def validate_attention_inputs(q, k, v, mask, scale):
     """Shared argument checks of the tiled functions (same contract as
     ``selfattn.scaled_dot_product_attention``); returns the scale to use."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        require_tensor(name, x)
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not q.dtype.is_floating_point:
-        raise TypeError(f"q, k and v must be floating tensors; got dtype {q.dtype}")
-    require_qkv(q, k, v)
+    require_attention_tensors(q, k, v)
     require_scale(scale)
     if mask is not None:
         require_tensor("mask", mask)

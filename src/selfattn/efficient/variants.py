@@ -122,12 +122,13 @@ def _feature_map(name):
 
 def _linear_inputs(q, k, v, eps):
     """Check the inputs of the linear-attention functions; return q, k, v in the arithmetic dtype
-    (float32 for half-precision inputs: sums over thousands of positions overflow float16) and eps."""
+    (float32 for half-precision inputs: sums over thousands of positions overflow float16), eps,
+    and the dtype to return."""
     require_attention_tensors(q, k, v)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0 <= eps < math.inf):
         raise ValueError(f"eps must be a finite number >= 0; got {eps!r}")
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    return q.to(work), k.to(work), v.to(work), float(eps)
+    return q.to(work), k.to(work), v.to(work), float(eps), q.dtype
 
 
 def linear_attention(q, k, v, feature_map="elu+1", causal: bool = False, *, eps: float = 1e-6):
@@ -153,8 +154,7 @@ def linear_attention(q, k, v, feature_map="elu+1", causal: bool = False, *, eps:
 
     Source: chapter 08.
     """
-    dtype = q.dtype if isinstance(q, torch.Tensor) else None
-    q, k, v, eps = _linear_inputs(q, k, v, eps)
+    q, k, v, eps, dtype = _linear_inputs(q, k, v, eps)
     phi = _feature_map(feature_map)
     phi_q, phi_k = phi(q), phi(k)  # (..., T, Dh), (..., S, Dh)
     if require_flag("causal", causal):
@@ -184,8 +184,7 @@ def linear_attention_recurrent(q, k, v, feature_map="elu+1", *, eps: float = 1e-
 
     Source: chapter 08.
     """
-    dtype = q.dtype if isinstance(q, torch.Tensor) else None
-    q, k, v, eps = _linear_inputs(q, k, v, eps)
+    q, k, v, eps, dtype = _linear_inputs(q, k, v, eps)
     _require_self_attention(q, k, "linear_attention_recurrent")
     phi = _feature_map(feature_map)
     phi_q, phi_k = phi(q), phi(k)
