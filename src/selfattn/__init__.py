@@ -4,11 +4,17 @@
 use and that runs on a GPU when one is present (``selfattn.device.pick_device``).
 """
 
-from . import device, efficient, masks, ref
-from .attention import AttentionConfig, SelfAttention, masked_softmax, scaled_dot_product_attention
-from .block import BlockConfig, FeedForward, PostNormTransformerBlock, TransformerBlock
-from .masks import causal_mask, from_blocked_mask, from_hf_attention_mask, padding_mask
-from .multihead import MHAConfig, MultiHeadAttention, merge_heads, split_heads
+from ._workarounds import initialise_mkl_vml
+
+# First, before any computation: MKL's vector maths picks its CPU kernels without a lock, and a
+# thread that races the first call can compute with its low-accuracy kernels (selfattn._workarounds).
+initialise_mkl_vml()
+
+from . import device, efficient, masks, ref  # noqa: E402
+from .attention import AttentionConfig, SelfAttention, masked_softmax, scaled_dot_product_attention  # noqa: E402
+from .block import BlockConfig, FeedForward, PostNormTransformerBlock, TransformerBlock  # noqa: E402
+from .masks import causal_mask, from_blocked_mask, from_hf_attention_mask, padding_mask  # noqa: E402
+from .multihead import MHAConfig, MultiHeadAttention, merge_heads, split_heads  # noqa: E402
 
 __version__ = "0.1.0"
 
