@@ -6,13 +6,20 @@
   kernel allocates inside itself (such as ``F.scaled_dot_product_attention``'s CPU kernel).
 - :func:`peak_rss_bytes`: the rise of the process's peak resident memory (Linux ``VmHWM``, reset
   through ``/proc/self/clear_refs``) while a function runs: sees everything, kernels included, but
-  needs Linux and is only as precise as the allocator returns freed memory (set
-  ``MALLOC_MMAP_THRESHOLD_`` small in a fresh process, as ``bench/attention_bench.py`` does).
+  needs Linux. It counts memory the function newly touches, whatever the process freed before: the
+  C allocator keeps freed blocks resident and hands them out again (glibc raises its mmap threshold
+  to the size of a freed block, up to 32 MiB, so later blocks come from the heap and stay there
+  once freed). A 64 MiB tensor could then be served from a 75 MiB hole left by earlier work, and
+  the counter saw 1.6 MiB. So the free memory is returned to the system first (glibc's
+  ``malloc_trim``), and reusing it costs fresh pages again.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import sys
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -20,7 +27,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["peak_tensor_bytes", "peak_rss_bytes", "rss_measurement_available"]
+__all__ = ["peak_tensor_bytes", "peak_rss_bytes", "release_free_heap", "rss_measurement_available"]
 
 
 class _LiveTensorBytes(TorchDispatchMode):
@@ -73,15 +80,37 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{field} not found in /proc/self/status")
 
 
+@cache
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None with another C library (musl returns freed memory itself)."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    return getattr(libc, "malloc_trim", None)
+
+
+def release_free_heap() -> None:
+    """Give the pages of every free block in the C heap back to the system (glibc's ``malloc_trim``).
+
+    Afterwards, memory handed out again is touched anew, so it shows in the resident size.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 def peak_rss_bytes(fn, *args, **kwargs) -> tuple[int, object]:
     """Run ``fn``; return ``(rise of peak resident memory in bytes above the resident size just
     before the call, its result)``. Linux only.
+
+    The memory the process freed earlier is released first (:func:`release_free_heap`), so what
+    ``fn`` touches counts even where the allocator hands it a block that was freed before the call.
 
     Raises:
         RuntimeError: not Linux, or ``/proc/self/clear_refs`` is not writable.
     """
     if not rss_measurement_available():
         raise RuntimeError("peak_rss_bytes needs Linux (/proc/self/clear_refs); use peak_tensor_bytes")
+    release_free_heap()
     Path("/proc/self/clear_refs").write_text("5")  # "5" resets VmHWM to the current VmRSS
     before = _status_kib("VmRSS")
     result = fn(*args, **kwargs)
