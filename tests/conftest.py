@@ -18,6 +18,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
+import selfattn  # noqa: E402, F401  (before any test computes: primes MKL VML, selfattn._workarounds)
+
 # Property tests: small shapes, 50 examples, no deadline (the CI machine is shared and slow), and
 # derandomized so that a failure in CI reproduces exactly on a laptop.
 settings.register_profile(

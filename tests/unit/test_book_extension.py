@@ -37,11 +37,14 @@ def test_sliced_get_msg_returns_replies_and_times_out_at_the_deadline():
                     break
             waited = time.monotonic() - start
             assert reply["content"]["status"] == "ok"
-            assert 1.4 <= waited < 10.0  # the cell's own 1.5 s, not the 30 s deadline
+            # the cell's own 1.5 s, not the 30 s deadline: the reply came before the deadline, however
+            # slowly a busy machine ran the kernel (an upper bound near 1.5 s would test the load)
+            assert 1.4 <= waited < 29.0
             start = time.monotonic()
             with pytest.raises(Empty):
                 await kc.shell_channel.get_msg(timeout=1.2)
-            assert 1.1 <= time.monotonic() - start < 5.0
+            # not before the 1.2 s deadline (the property); the upper bound only says it did not hang
+            assert 1.1 <= time.monotonic() - start < 29.0
         finally:
             kc.stop_channels()
             await km.shutdown_kernel(now=True)
