@@ -44,8 +44,10 @@ browser:
 	command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q && apt-get install -y -q chromium; } \
 	  || echo "chromium is not installed and we are not root: the browser tests will be skipped (fail in CI)"
 
+# scripts/build_book.py runs `jupyter-book build` and, when a notebook fails, ends with the notebook,
+# cell, source line and exception (Sphinx buries them mid-traceback); the log is _build/book-build.log.
 book: $(VENV)/.book $(VENV)/.vendor
-	$(VENV)/bin/jupyter-book build . $(BOOK_FLAGS)
+	$(PY) scripts/build_book.py . $(BOOK_FLAGS)
 
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check src tests bench notebooks
