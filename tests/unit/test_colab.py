@@ -7,13 +7,16 @@ importing ``selfattn.viz`` (every chapter's setup cell does) turns on Colab's cu
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
+from packaging.version import Version
 
 try:
     import tomllib
@@ -96,3 +99,28 @@ print(selfattn.viz.enable_colab_widgets())
 """)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False"]
+
+
+@pytest.mark.slow
+def test_installing_the_package_on_colab_replaces_none_of_its_packages(tmp_path):
+    """What the chapters' `%pip install git+...` does on Colab, resolved (not installed) by pip.
+
+    Colab's versions are pinned as constraints, so the resolution fails if the package needs any of
+    them upgraded or downgraded. torch 2.13.0 resolves from this machine's disk (the CPU wheel the
+    Makefile installs), so nothing large is downloaded; the rest is metadata from the registry.
+    """
+    constraints = tmp_path / "colab-constraints.txt"
+    constraints.write_text("".join(f"{name}=={version}\n" for name, version in COLAB.items()))
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q",
+         "--disable-pip-version-check", "--report", str(report), "-c", str(constraints), str(ROOT)],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, f"pip cannot install the package beside Colab's {COLAB}:\n{proc.stderr[-3000:]}"
+    resolved = {Requirement(i["metadata"]["name"]).name.lower(): Version(i["metadata"]["version"]).public
+                for i in json.loads(report.read_text())["install"]}
+    changed = {name: (version, resolved[name]) for name, version in COLAB.items()
+               if name in resolved and resolved[name] != version}
+    assert changed == {}
+    assert "selfattn" in resolved and "ipywidgets" in resolved
