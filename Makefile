@@ -8,7 +8,8 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 # lower bound (Colab brings its own torch), so the CPU build is put in place first. PyPI's Linux wheel
 # of a version is the CUDA build; the PyTorch CPU index has the same version as "+cpu", which pip
 # prefers (a wheel of it on the machine's find-links does too). requirements.txt and
-# binder/requirements.txt pin the same version (tests/unit/test_packaging.py checks it).
+# binder/requirements.txt pin the same version (tests/unit/test_packaging.py checks it). Only torch
+# is looked up there (--no-deps): its own dependencies come from PyPI with the project's install.
 TORCH  ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 BOOK_FLAGS := -W -n --keep-going
@@ -19,7 +20,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.torch: | $(PY)
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "$(TORCH)"
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --no-deps $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "$(TORCH)"
 	touch $@
 
 $(VENV)/.book: pyproject.toml $(VENV)/.torch
