@@ -60,13 +60,16 @@ window.Jupyter = {notebook: {kernel: {execute: function (code, callbacks, option
   setTimeout(function () {
     callbacks.shell.reply({content: {status: "ok", user_expressions: {plotlyjs:
       {status: "ok", data: {"text/plain": "...", "application/javascript": window.answers[expr]}}}}});
-  }, 10);
+  }, window.replyDelay);
 }}}};
 </script></head><body><div id="out"></div></body></html>"""
 
 
 @pytest.mark.slow
-def test_figures_draw_in_a_classic_notebook_page_offline():
+@pytest.mark.parametrize("reply_ms", [10, 11_000], ids=["idle-kernel", "kernel-busy-11s"])
+def test_figures_draw_in_a_classic_notebook_page_offline(reply_ms):
+    """Two figures, one request; also when the kernel answers only after its running cell (11 s,
+    past the 10 s a figure waits for plotly.js that nobody fetches)."""
     path = os.environ.get("SELFATTN_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
     sync_api = pytest.importorskip("playwright.sync_api")
     if path is None:
@@ -82,7 +85,8 @@ def test_figures_draw_in_a_classic_notebook_page_offline():
             page = browser.new_page()
             page.route("**/*", lambda route: route.abort())  # offline: no host at all
             page.set_content(CLASSIC_PAGE)
-            page.evaluate("([expr, code]) => { window.answers = {[expr]: code}; }", [expression, answer])
+            page.evaluate("([expr, code, ms]) => { window.answers = {[expr]: code}; window.replyDelay = ms; }",
+                          [expression, answer, reply_ms])
             # Classic Notebook inserts each text/html output with jQuery, which runs its scripts.
             for markup in (first, second):
                 page.evaluate("""(markup) => {
@@ -96,7 +100,7 @@ def test_figures_draw_in_a_classic_notebook_page_offline():
                   });
                 }""", markup)
             page.wait_for_function("document.querySelectorAll('.plotly-graph-div .main-svg').length >= 2",
-                                   timeout=20_000)
+                                   timeout=reply_ms + 20_000)
             assert page.evaluate("typeof window.Plotly.newPlot") == "function"
             assert page.evaluate("window.kernelCalls.length") == 1  # once per page, not per figure
             assert page.evaluate("window.kernelCalls[0].silent") is True

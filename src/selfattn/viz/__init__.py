@@ -98,7 +98,7 @@ class BookRenderer(MimetypeRenderer):
       window.Plotly.newPlot(el, spec.data, spec.layout, config).then(function () {{
         if (spec.frames && spec.frames.length) {{ return window.Plotly.addFrames(el, spec.frames); }}
       }}).then(function () {{ {_CONTROLS_JS}(el); }});
-    }} else if (tries < 200) {{
+    }} else if (tries < (window._selfattnPlotlyRequested ? 12000 : 200)) {{
       setTimeout(function () {{ draw(tries + 1); }}, 50);
     }} else {{
       el.textContent = "This figure needs plotly.js, which did not load.";
@@ -142,8 +142,10 @@ def plotlyjs_for_classic_notebook() -> _PlotlyJS:
 # Classic Notebook 6 and nbclassic: no plotly.js in the page, but the kernel has the plotly package.
 # Ask it (window.Jupyter.notebook.kernel, which only those front ends define) for plotly.js once per
 # page, and run it with require.js's `define` hidden, as the book does, so that plotly.js sets the
-# global `Plotly` instead of registering an anonymous AMD module. Elsewhere (the book, JupyterLab,
-# VS Code, Colab) there is no such kernel object and this does nothing.
+# global `Plotly` instead of registering an anonymous AMD module. The kernel answers only once the
+# running cell is done, so while the request is open the figures wait up to 10 minutes instead of
+# 10 seconds. Elsewhere (the book, JupyterLab, VS Code, Colab) there is no such kernel object and
+# this does nothing.
 _CLASSIC_PLOTLYJS_JS = """(function () {
   var nb = window.Jupyter && window.Jupyter.notebook, kernel = nb && nb.kernel;
   if (window.Plotly || window._selfattnPlotlyRequested || !kernel || !kernel.execute) return;
