@@ -42,6 +42,7 @@ CELL_BLOCK = re.compile(
     r"An error occurred while executing the following cell:\n-{3,}\n(?P<source>.*?)\n-{3,}\n(?P<tb>.*)",
     re.S,
 )
+TIMEOUT_PREVIEW = re.compile(r"Here is a preview of the cell contents:\n-{3,}\n(?P<source>.*?)\n-{3,}", re.S)
 CELL_FRAME = re.compile(r"Cell In\s*\[(?P<count>\d*)\], line (?P<line>\d+)")
 EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning|Iteration))(: (?P<msg>.*))?$")
 SPHINX_WARNING = re.compile(r": (WARNING|ERROR|CRITICAL):")
@@ -81,11 +82,12 @@ def _exception(traceback: str) -> str:
         if m and not lines[i].startswith(" "):
             rest = [ln for ln in lines[i + 1:] if ln.strip()]
             return "\n".join([lines[i].strip(), *rest]) if rest else lines[i].strip()
-    return ""
+    last = [ln.strip() for ln in lines if ln.strip() and not ln.startswith(" ")]
+    return last[-1] if last else ""  # an exception class named otherwise: its line is the last one
 
 
-def _locate(notebook: Path, source: str) -> tuple[int | None, int | None]:
-    """1-based (cell, code cell) of the code cell whose source is ``source``."""
+def _locate(notebook: Path, source: str, *, prefix: bool = False) -> tuple[int | None, int | None]:
+    """1-based (cell, code cell) of the code cell whose source is ``source`` (or starts with it)."""
     try:
         cells = json.loads(notebook.read_text(encoding="utf8"))["cells"]
     except (OSError, ValueError, KeyError):
@@ -97,7 +99,7 @@ def _locate(notebook: Path, source: str) -> tuple[int | None, int | None]:
         code += 1
         text = cell.get("source", "")
         text = "".join(text) if isinstance(text, list) else text
-        if text.strip() == source.strip():
+        if text.strip() == source.strip() or (prefix and text.strip().startswith(source.strip())):
             return i, code
     return None, None
 
@@ -111,6 +113,10 @@ def parse_cell_error(text: str, notebook: Path, name: str) -> Failure:
         tail = text.split("The above exception was the direct cause")[0]
         m = re.search(r"nbclient\.exceptions\.(\w+): (.*)", tail)
         failure.error = f"{m.group(1)}: {m.group(2).strip()}" if m else _exception(tail)
+        preview = TIMEOUT_PREVIEW.search(tail)  # a timeout shows the cell's first lines
+        if preview and preview.group("source").strip():
+            failure.cell, failure.code_cell = _locate(notebook, preview.group("source"), prefix=True)
+            failure.line = preview.group("source").splitlines()[0]
         return failure
     source, tb = block.group("source"), block.group("tb")
     tb = tb.split("The above exception was the direct cause")[0]

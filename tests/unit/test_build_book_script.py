@@ -87,3 +87,56 @@ def test_report_file_form_is_read_too(tmp_path):
         "    assert x == y, f'x is {x}, not {y}'",
         "AssertionError: x is 1, not 2",
     ]
+
+
+def test_timeout_names_the_cell_from_nbclients_preview(tmp_path):
+    build_book = _load_script()
+    book = _tiny_book(tmp_path / "book")
+    nb = book / "notebooks" / "08_x.ipynb"
+    nb.write_text(_notebook([("markdown", "# t"), ("code", "import time\ntime.sleep(20)\nprint(1)")]))
+    output = (
+        "Traceback (most recent call last):\n"
+        "nbclient.exceptions.CellTimeoutError: A cell timed out while it was being executed, after 3 seconds.\n"
+        "The message was: Cell execution timed out.\nHere is a preview of the cell contents:\n"
+        "-------------------\nimport time\ntime.sleep(20)\n-------------------\n\n"
+        "The above exception was the direct cause of the following exception:\n\n"
+        f"myst_nb.core.execute.base.ExecutionError: {nb}\n"
+    )
+    lines = build_book.summary(output, 1, book, None, Path("log"))
+    assert lines[-3:] == [
+        "FAILED: notebooks/08_x.ipynb, cell 2 (code cell 1):",
+        "    import time",
+        "CellTimeoutError: A cell timed out while it was being executed, after 3 seconds.",
+    ]
+
+
+def test_error_raised_inside_a_function_names_the_cells_line(tmp_path):
+    build_book = _load_script()
+    book = _tiny_book(tmp_path / "book")
+    nb = book / "notebooks" / "08_x.ipynb"
+    nb.write_text(_notebook([("code", "import selfattn\n\nselfattn.causal_mask(3, 4)")]))
+    output = (
+        "nbclient.exceptions.CellExecutionError: An error occurred while executing the following cell:\n"
+        "------------------\nimport selfattn\n\nselfattn.causal_mask(3, 4)\n------------------\n\n\n"
+        "ValueError                                Traceback (most recent call last)\n"
+        "Cell In[1], line 3\n      1 import selfattn\n----> 3 selfattn.causal_mask(3, 4)\n\n"
+        "File ~/src/selfattn/masks.py:40, in causal_mask(T, S, alignment)\n"
+        "     39 if S != T and alignment is None:\n"
+        "---> 40     raise ValueError(\"causal_mask: T=3 != S=4 needs alignment\")\n\n"
+        "ValueError: causal_mask: T=3 != S=4 needs alignment\n\n\n"
+        "The above exception was the direct cause of the following exception:\n\n"
+        f"myst_nb.core.execute.base.ExecutionError: {nb}\n"
+    )
+    assert build_book.summary(output, 1, book, None, Path("log"))[-3:] == [
+        "FAILED: notebooks/08_x.ipynb, cell 1 (code cell 1), line 3:",
+        "    selfattn.causal_mask(3, 4)",
+        "ValueError: causal_mask: T=3 != S=4 needs alignment",
+    ]
+
+
+def test_warnings_are_summarised_when_no_notebook_failed(tmp_path):
+    build_book = _load_script()
+    output = "reading sources...\n/book/intro.md:3: WARNING: undefined label: 'nowhere'\nbuild finished with problems\n"
+    lines = build_book.summary(output, 1, tmp_path, None, Path("log"))
+    assert lines[-2:] == ["FAILED: 1 warning(s), errors under -W; the first:",
+                          "/book/intro.md:3: WARNING: undefined label: 'nowhere'"]
