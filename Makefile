@@ -5,8 +5,13 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 # The CPU build of torch. An unpinned torch would pull a multi-GB CUDA build; pyproject only has a
-# lower bound (Colab brings its own torch), so the CPU build is put in place first.
+# lower bound (Colab brings its own torch), so the CPU build is put in place first. PyPI's Linux wheel
+# of a version is the CUDA build; the PyTorch CPU index has the same version as "+cpu", which pip
+# prefers (a wheel of it on the machine's find-links does too). requirements.txt and
+# binder/requirements.txt pin the same version (tests/unit/test_packaging.py checks it). Only torch
+# is looked up there (--no-deps): its own dependencies come from PyPI with the project's install.
 TORCH  ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 BOOK_FLAGS := -W -n --keep-going
 
 .PHONY: book test test-fast lint bench clean vendor browser
@@ -15,7 +20,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.torch: | $(PY)
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH)"
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --no-deps $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "$(TORCH)"
 	touch $@
 
 $(VENV)/.book: pyproject.toml $(VENV)/.torch
@@ -44,8 +49,10 @@ browser:
 	command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q && apt-get install -y -q chromium; } \
 	  || echo "chromium is not installed and we are not root: the browser tests will be skipped (fail in CI)"
 
+# scripts/build_book.py runs `jupyter-book build` and, when a notebook fails, ends with the notebook,
+# cell, source line and exception (Sphinx buries them mid-traceback); the log is _build/book-build.log.
 book: $(VENV)/.book $(VENV)/.vendor
-	$(VENV)/bin/jupyter-book build . $(BOOK_FLAGS)
+	$(PY) scripts/build_book.py . $(BOOK_FLAGS)
 
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check src tests bench notebooks

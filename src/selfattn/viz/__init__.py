@@ -7,6 +7,15 @@ figure would be blank in the published book. The renderer sends that mimetype (f
 VS Code) *and* a ``text/html`` div that draws the figure with the plotly.js the book serves itself
 (``book/_ext/selfattn_book.py``), so the static page needs no kernel and no CDN.
 
+Classic Notebook 6 and nbclassic (Binder's interface) render neither the JSON mimetype nor a page
+with plotly.js, so the same ``text/html`` asks the kernel, once per page, for the plotly.js that
+ships inside the installed ``plotly`` package (:func:`plotlyjs_for_classic_notebook`, over the
+Jupyter.notebook.kernel API that only those front ends have) and loads it: offline, and nothing is
+added to a figure's output, so the book's pages do not grow.
+
+On Colab, importing this module also turns on Colab's custom widget manager, which the explorers
+(ipywidgets) and the tqdm progress bars need to show there.
+
 Topic modules (``selfattn.viz.heatmaps``...) hold the builders; this module holds the plumbing.
 """
 
@@ -22,7 +31,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.io.base_renderers import MimetypeRenderer
 
-__all__ = ["RENDERER_NAME", "use_book_renderer", "describe", "figure_description", "COLORSCALE", "DIVERGING"]
+__all__ = ["RENDERER_NAME", "use_book_renderer", "describe", "figure_description", "COLORSCALE", "DIVERGING",
+           "plotlyjs_for_classic_notebook", "enable_colab_widgets"]
 
 RENDERER_NAME = "selfattn"
 
@@ -59,7 +69,9 @@ class BookRenderer(MimetypeRenderer):
     """Emit plotly's own JSON mimetype plus a self-contained ``text/html`` figure.
 
     The HTML expects a global ``Plotly`` (served by the book). It waits for it, so the order in
-    which scripts load does not matter, and says so in the page if plotly.js never arrives.
+    which scripts load does not matter, and says so in the page if plotly.js never arrives. In
+    Classic Notebook 6 / nbclassic, where nothing provides it, it fetches plotly.js from the kernel
+    once per page (:data:`_CLASSIC_PLOTLYJS_JS`).
     """
 
     def to_mimebundle(self, fig_dict):
@@ -81,11 +93,12 @@ class BookRenderer(MimetypeRenderer):
   function draw(tries) {{
     var el = document.getElementById("{div_id}");
     if (!el) return;
+    if (!window.Plotly && tries === 0) {{ {_CLASSIC_PLOTLYJS_JS}(); }}
     if (window.Plotly) {{
       window.Plotly.newPlot(el, spec.data, spec.layout, config).then(function () {{
         if (spec.frames && spec.frames.length) {{ return window.Plotly.addFrames(el, spec.frames); }}
       }}).then(function () {{ {_CONTROLS_JS}(el); }});
-    }} else if (tries < 200) {{
+    }} else if (tries < (window._selfattnPlotlyRequested ? 12000 : 200)) {{
       setTimeout(function () {{ draw(tries + 1); }}, 50);
     }} else {{
       el.textContent = "This figure needs plotly.js, which did not load.";
@@ -99,6 +112,61 @@ class BookRenderer(MimetypeRenderer):
             "application/vnd.plotly.v1+json": {**spec, "config": _PLOTLY_CONFIG},
             "text/html": markup,
         }
+
+
+# The expression the classic front ends evaluate in the kernel (a user expression: silent, no cell,
+# no history, no output in the notebook) to fetch plotly.js.
+_PLOTLYJS_EXPRESSION = "__import__('selfattn.viz').viz.plotlyjs_for_classic_notebook()"
+
+
+class _PlotlyJS:
+    """plotly.js as IPython shows it: its source under ``application/javascript``."""
+
+    def _repr_javascript_(self) -> str:
+        from plotly.offline import get_plotlyjs
+
+        return get_plotlyjs()
+
+    def __repr__(self) -> str:
+        return "<plotly.js of the installed plotly package>"
+
+
+def plotlyjs_for_classic_notebook() -> _PlotlyJS:
+    """plotly.js, for the figures' HTML to fetch in Classic Notebook 6 / nbclassic (offline).
+
+    Evaluated in the kernel as a user expression; IPython formats it as ``application/javascript``.
+    """
+    return _PlotlyJS()
+
+
+# Classic Notebook 6 and nbclassic: no plotly.js in the page, but the kernel has the plotly package.
+# Ask it (window.Jupyter.notebook.kernel, which only those front ends define) for plotly.js once per
+# page, and run it with require.js's `define` hidden, as the book does, so that plotly.js sets the
+# global `Plotly` instead of registering an anonymous AMD module. The kernel answers only once the
+# running cell is done, so while the request is open the figures wait up to 10 minutes instead of
+# 10 seconds. Elsewhere (the book, JupyterLab, VS Code, Colab) there is no such kernel object and
+# this does nothing.
+_CLASSIC_PLOTLYJS_JS = """(function () {
+  var nb = window.Jupyter && window.Jupyter.notebook, kernel = nb && nb.kernel;
+  if (window.Plotly || window._selfattnPlotlyRequested || !kernel || !kernel.execute) return;
+  window._selfattnPlotlyRequested = true;
+  kernel.execute("", {shell: {reply: function (msg) {
+    var got = ((msg && msg.content && msg.content.user_expressions) || {}).plotlyjs || {};
+    var code = (got.data || {})["application/javascript"];
+    if (!code || window.Plotly) { window._selfattnPlotlyRequested = !!window.Plotly; return; }
+    var amd = window.define;
+    window.define = undefined;
+    try {
+      var script = document.createElement("script");
+      script.type = "text/javascript";
+      script.textContent = code;
+      document.head.appendChild(script);
+    } finally {
+      window.define = amd;
+    }
+  }}}, {silent: true, store_history: false,
+        user_expressions: {plotlyjs: __PLOTLYJS_EXPRESSION__}});
+})""".replace("__PLOTLYJS_EXPRESSION__", json.dumps(_PLOTLYJS_EXPRESSION))
 
 
 # plotly draws its sliders and menus in SVG, which the keyboard cannot reach. Under every figure that
@@ -202,6 +270,26 @@ def _in_colab() -> bool:
     return "google.colab" in sys.modules
 
 
+def enable_colab_widgets() -> bool:
+    """On Colab, turn on its custom widget manager; returns whether it did.
+
+    Colab's own manager renders only the widgets it ships with; the explorers (ipywidgets) and the
+    tqdm progress bars of the training chapters show there only with the custom manager
+    (``google.colab.output.enable_custom_widget_manager``). Elsewhere this does nothing.
+    """
+    if not _in_colab():
+        return False
+    try:
+        from google.colab import output
+    except ImportError:
+        return False
+    enable = getattr(output, "enable_custom_widget_manager", None)
+    if enable is None:  # a Colab too old to have it: its own manager is all there is
+        return False
+    enable()
+    return True
+
+
 def use_book_renderer() -> None:
     """Register the ``"selfattn"`` renderer and make it plotly's default (Colab keeps ``"colab"``).
 
@@ -218,3 +306,4 @@ def use_book_renderer() -> None:
 
 
 use_book_renderer()
+enable_colab_widgets()
