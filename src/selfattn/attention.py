@@ -45,6 +45,7 @@ def masked_softmax(scores: torch.Tensor, keep: torch.Tensor | None) -> torch.Ten
 
     Returns:
         ``weights`` with the shape and dtype of ``scores``; each row sums to 1 (or is all zeros).
+        An empty last axis (S = 0) gives an empty result of that shape, as ``selfattn.ref.softmax``.
 
     Raises:
         TypeError: ``scores`` not a floating tensor, ``keep`` not a boolean tensor.
@@ -64,6 +65,8 @@ def masked_softmax(scores: torch.Tensor, keep: torch.Tensor | None) -> torch.Ten
 
 def _masked_softmax(scores: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
     """:func:`masked_softmax` without the argument checks (its callers have made them)."""
+    if scores.shape[-1] == 0:  # nothing to normalise: an empty result, as torch.softmax and selfattn.ref.softmax
+        return torch.softmax(scores, dim=-1)
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True).detach()  # the max is a constant shift: no gradient needed
@@ -147,12 +150,14 @@ def scaled_dot_product_attention(
         (..., T, S) (float32 for half-precision inputs). Queries with no visible key get zero rows.
 
     Raises:
-        TypeError: inputs not tensors or of different dtypes, a mask that is not boolean.
+        TypeError: inputs not tensors or of different dtypes, a mask that is not boolean,
+        ``return_weights`` not a bool.
         ValueError: wrong ranks, mismatched shapes, a mask or bias that does not broadcast to
         (..., T, S), a non-positive scale, dropout_p outside [0, 1).
 
     Source: chapter 03; masking chapter 04.
     """
+    return_weights = require_flag("return_weights", return_weights)
     require_attention_tensors(q, k, v)
     for name, x in (("mask", mask), ("bias", bias)):
         if x is not None and isinstance(x, torch.Tensor) and x.device != q.device:
@@ -255,6 +260,8 @@ class SelfAttention(nn.Module):
             raise ValueError(
                 f"X must have last dim d_model={self.config.d_model}; got shape {shape_of(X)}"
             )
+        if X.shape[-2] == 0:
+            raise ValueError(f"X must hold at least one position (T > 0) in (B, T, D) or (T, D); got shape {shape_of(X)}")
         require_dtype("X", X, self.W_Q.dtype)
         Q = X @ self.W_Q  # (B, T, D) @ (D, Dh) -> (B, T, Dh)
         K = X @ self.W_K
@@ -264,5 +271,6 @@ class SelfAttention(nn.Module):
         return Q, K, V
 
     def forward(self, X: torch.Tensor, mask: torch.Tensor | None = None, *, return_weights: bool = False):
+        return_weights = require_flag("return_weights", return_weights)
         Q, K, V = self.project(X)
         return scaled_dot_product_attention(Q, K, V, mask, return_weights=return_weights)

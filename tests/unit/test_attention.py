@@ -539,3 +539,24 @@ def test_attention_config_bias_must_be_a_bool():
     with pytest.raises(TypeError, match=r"bias must be True or False; got 'no' \(str\)"):
         AttentionConfig(8, 4, bias="no")
     assert [n for n, _ in SelfAttention(AttentionConfig(8, 4, bias=False)).named_parameters()] == ["W_Q", "W_K", "W_V"]
+
+
+@pytest.mark.parametrize("with_keep", [False, True])
+def test_masked_softmax_of_an_empty_axis_is_empty_like_torch_and_the_reference(with_keep):
+    # Regression: an empty last axis raised torch's IndexError from amax.
+    scores = torch.zeros(2, 3, 0, dtype=torch.float64, requires_grad=True)
+    keep = torch.zeros(3, 0, dtype=torch.bool) if with_keep else None
+    got = masked_softmax(scores, keep)
+    expected = ref.softmax(scores.detach().numpy(), axis=-1, mask=None if keep is None else keep.numpy())
+    assert got.shape == (2, 3, 0) == expected.shape and got.dtype == torch.float64
+    torch.testing.assert_close(got, torch.softmax(scores, dim=-1), rtol=0, atol=0, equal_nan=False)
+    got.sum().backward()  # still part of the graph
+    assert scores.grad.shape == (2, 3, 0)
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 8), (0, 8)])
+def test_self_attention_with_no_position_names_X_with_its_shape(shape):
+    # Regression: T = 0 raised an error naming k and v, which the caller never passed.
+    layer = SelfAttention(AttentionConfig(8, 4))
+    with pytest.raises(ValueError, match=rf"X must hold at least one position \(T > 0\) .*got shape {re.escape(str(shape))}"):
+        layer(torch.zeros(shape))

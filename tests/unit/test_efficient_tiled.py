@@ -318,3 +318,13 @@ def test_empty_queries_or_batch_give_empty_results_like_the_reference(shape_q):
         assert lse.shape == shape_q[:3]
         (g,) = torch.autograd.grad(out.sum(), q)
         assert g.shape == q.shape
+
+
+def test_a_mask_on_another_device_is_refused_by_name():
+    # Regression: tiled_attention did not check the mask's device (scaled_dot_product_attention does).
+    q = torch.randn(1, 1, 4, 8)
+    mask = torch.ones(4, 4, dtype=torch.bool, device="meta")
+    with pytest.raises(ValueError, match=r"mask must be on the device of q \(cpu\); got meta"):
+        tiled_attention(q, q, q, mask)
+    with pytest.raises(ValueError, match=r"mask must be on the device of q \(cpu\); got meta"):
+        selfattn.scaled_dot_product_attention(q, q, q, mask)  # the same words as the dense path

@@ -339,6 +339,8 @@ def validate_attention_inputs(q, k, v, mask, scale):
     require_scale(scale)
     if mask is not None:
         require_tensor("mask", mask)
+        if mask.device != q.device:
+            raise ValueError(f"mask must be on the device of q ({q.device}); got {mask.device}")
         require_bool_mask("mask", mask)
         require_min_rank("mask", mask, 2, "(..., T, S)")
         target = tuple(q.shape[:-2]) + (q.shape[-2], k.shape[-2])
@@ -396,12 +398,15 @@ def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str 
 
     Raises:
         TypeError: non-tensor or non-floating inputs, different dtypes, a non-boolean mask.
-        ValueError: mismatched shapes, a mask that does not broadcast to (..., T, S), a bad scale or
+        TypeError also for ``causal`` or ``return_lse`` not a bool.
+        ValueError: mismatched shapes, a mask that does not broadcast to (..., T, S) or is on another
+        device than ``q``, a bad scale or
         block size, ``alignment`` missing when causal with T != S, or given without ``causal``.
 
     Source: chapter 09; Dao et al. (2022), FlashAttention, Algorithm 1; backward Dao (2023),
     FlashAttention-2, Algorithm 2.
     """
+    return_lse = require_flag("return_lse", return_lse)
     scale = validate_attention_inputs(q, k, v, mask, scale)
     block_q, block_k = require_positive_int("block_q", block_q), require_positive_int("block_k", block_k)
     causal = require_flag("causal", causal)

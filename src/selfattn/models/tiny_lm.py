@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._validate import require_positive_int, require_rank, require_tensor, shape_of
+from .._validate import require_flag, require_positive_int, require_rank, require_tensor, shape_of
 from ..block import BlockConfig, TransformerBlock
 from ..data import random_windows
 from ..embeddings import TokenEmbedding
@@ -134,6 +134,7 @@ def blind_next_token_loss(
 
     Source: chapter 04 (claim 12).
     """
+    causal = require_flag("causal", causal)
     from ..masks import causal_mask
 
     device = model.lm_head.weight.device
@@ -176,6 +177,7 @@ def train_next_token(
 
     Source: chapter 04.
     """
+    causal = require_flag("causal", causal)
     from ..masks import causal_mask
 
     steps = require_positive_int("steps", steps)
