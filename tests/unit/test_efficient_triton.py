@@ -104,3 +104,49 @@ def test_triton_forward_refuses_general_mask():
     q = torch.zeros(1, 1, 4, 4)
     with pytest.raises(ValueError, match="causal or no masking"):
         triton_forward(q, q, q, Visibility(mask=torch.ones(4, 4, dtype=torch.bool)), 1.0)
+
+
+_LSE_DTYPE_SCRIPT = textwrap.dedent("""
+    import json
+    import numpy as np
+    import torch
+    import selfattn
+    from selfattn.efficient.tiled import Visibility
+    from selfattn.efficient.triton_kernel import triton_forward
+    from selfattn.ref.online import logsumexp
+    torch.manual_seed(0)
+    report = {}
+    for dtype in (torch.float64, torch.float32, torch.float16):
+        q, k, v = (torch.randn(1, 2, 20, 16, dtype=dtype) for _ in range(3))
+        out, lse = triton_forward(q, k, v, Visibility(causal_offset=0), 0.3, 16, 16)
+        # float64 oracles from the NumPy reference
+        q64, k64, v64 = (x.double().numpy() for x in (q, k, v))
+        keep = selfattn.ref.causal_mask(20)
+        scores = 0.3 * q64 @ k64.swapaxes(-1, -2)
+        expected_lse = logsumexp(np.where(keep, scores, -np.inf))
+        expected = selfattn.ref.scaled_dot_product_attention(q64, k64, v64, keep, scale=0.3)
+        report[str(dtype)] = {"out_dtype": str(out.dtype), "lse_dtype": str(lse.dtype),
+                              "lse": lse.double().tolist(), "expected_lse": expected_lse.tolist(),
+                              "out": out.double().tolist(), "expected": expected.tolist()}
+    print(json.dumps(report))
+""")
+
+
+def test_triton_lse_is_float64_for_float64_inputs_as_documented():
+    # Regression: the kernel returned a float32 lse (computed in float32) for float64 inputs, though
+    # tiled_forward_torch's contract (which triton_forward promises to keep) and tiled_attention's
+    # docstring say float32, float64 for float64 inputs.
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, "-c", _LSE_DTYPE_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    tolerances = {"torch.float64": 1e-12, "torch.float32": 1e-5, "torch.float16": 2e-2}
+    for dtype, lse_dtype in (("torch.float64", "torch.float64"), ("torch.float32", "torch.float32"),
+                             ("torch.float16", "torch.float32")):
+        case = report[dtype]
+        assert case["out_dtype"] == dtype and case["lse_dtype"] == lse_dtype, (dtype, case["lse_dtype"])
+        tol = tolerances[dtype]
+        torch.testing.assert_close(torch.tensor(case["lse"]), torch.tensor(case["expected_lse"]),
+                                   rtol=0, atol=tol, equal_nan=False)
+        torch.testing.assert_close(torch.tensor(case["out"]), torch.tensor(case["expected"]),
+                                   rtol=0, atol=tol, equal_nan=False)

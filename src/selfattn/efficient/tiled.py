@@ -187,7 +187,7 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
                         *, reverse_key_tiles: bool = False):
     """The tiled forward pass in plain torch; returns ``(out, lse)``.
 
-    ``out`` (..., T, Dv) in the dtype of ``q``; ``lse`` (..., T) float32, ``-inf`` for a query that
+    ``out`` (..., T, Dv) in the dtype of ``q``; ``lse`` (..., T) float32 (float64 for float64 inputs), ``-inf`` for a query that
     sees no key (its output row is zero). ``reverse_key_tiles`` visits the key tiles last to first,
     which must not change the result (tests use it). Source: Dao et al. (2022), Algorithm 1.
     """
