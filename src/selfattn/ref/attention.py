@@ -67,7 +67,9 @@ def softmax(x, axis: int = -1, mask=None) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         e = np.where(mask, np.exp(x - row_max), 0.0)
         total = np.sum(e, axis=axis, keepdims=True)
-        return np.divide(e, total, out=np.zeros_like(e), where=total != 0)
+        weights = np.divide(e, total, out=np.zeros_like(e), where=total != 0)
+    # A NaN among a slice's visible entries makes its total NaN; the masked entries stay exactly 0.
+    return np.where(mask, weights, 0.0)
 
 
 def causal_mask(T: int, S: int | None = None, *, alignment: str | None = None) -> np.ndarray:
