@@ -1,6 +1,7 @@
 """DESIGN.md: a NaN or inf stored at a key, query or value position reaches no gradient of a row
 that cannot see it, and no key/value gradient through a pair the mask hides, in every attention
-path (dense, tiled with every block size, cached; the Triton forward in test_efficient_triton.py).
+path (dense, tiled with every block size, cached, sliding window; the Triton forward in
+test_efficient_triton.py).
 
 Each case stores NaN, +inf or -inf at one position that some rows may not see, runs forward and
 backward with a fixed upstream gradient, and compares every output row, query gradient, key
@@ -18,7 +19,14 @@ import pytest
 import torch
 
 import selfattn
-from selfattn.efficient import KVCache, cached_attention, tiled_attention
+from selfattn.efficient import (
+    KVCache,
+    cached_attention,
+    sliding_window_attention,
+    sliding_window_mask,
+    sliding_window_tiled_attention,
+    tiled_attention,
+)
 
 T = 9
 SCALE = 0.4
@@ -183,3 +191,27 @@ def test_cached_attention_keeps_hidden_nonfinite_out_of_gradients(where, pos, ba
     for name, got, want, clean in (("out", out, want_out, rows_clean), ("dq", dq, want_dq, rows_clean),
                                    ("dk", dk, want_dk, keys_clean), ("dv", dv, want_dv, keys_clean)):
         torch.testing.assert_close(got[..., clean, :], want[..., clean, :], **TOL, msg=name)
+
+
+@pytest.mark.parametrize("bad", BAD)
+@pytest.mark.parametrize("blocks", BLOCKS)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("where,pos", [("k", 4), ("q", 4), ("v", 4), ("k", 0), ("q", 8)])
+def test_sliding_window_paths_keep_hidden_nonfinite_out_of_gradients(where, pos, bad, blocks, causal):
+    # the banded structure of chapter 08: tiles outside the band skipped, the band's edges cut
+    keep = sliding_window_mask(T, 3, causal=causal)
+    q, k, v, g = _inputs()
+    corrupted = {"q": q.clone(), "k": k.clone(), "v": v.clone()}
+    corrupted[where][..., pos, :] = bad
+    want_out, want_dq, want_dk, want_dv = _oracle(q, k, v, keep, g)
+    rows, keys = _reachable(keep, where, pos)
+    paths = {
+        "tiled": lambda q, k, v, keep: sliding_window_tiled_attention(q, k, v, 3, causal, scale=SCALE,
+                                                                      block_q=blocks[0], block_k=blocks[1]),
+        "dense": lambda q, k, v, keep: sliding_window_attention(q, k, v, 3, causal, scale=SCALE),
+    }
+    for path_name, path in paths.items():
+        out, dq, dk, dv = _run(path, corrupted["q"], corrupted["k"], corrupted["v"], keep, g)
+        for name, got, want, clean in (("out", out, want_out, ~rows), ("dq", dq, want_dq, ~rows),
+                                       ("dk", dk, want_dk, ~keys), ("dv", dv, want_dv, ~keys)):
+            torch.testing.assert_close(got[..., clean, :], want[..., clean, :], **TOL, msg=f"{path_name} {name}")
