@@ -45,7 +45,9 @@ def masked_softmax(scores: torch.Tensor, keep: torch.Tensor | None) -> torch.Ten
 
     Returns:
         ``weights`` with the shape and dtype of ``scores``; each row sums to 1 (or is all zeros).
-        An empty last axis (S = 0) gives an empty result of that shape, as ``selfattn.ref.softmax``.
+        A row whose kept entries include a NaN (or +inf) is NaN on its kept entries and 0 on the
+        others. An empty last axis (S = 0) gives an empty result of that shape, as
+        ``selfattn.ref.softmax``.
 
     Raises:
         TypeError: ``scores`` not a floating tensor, ``keep`` not a boolean tensor.
@@ -199,6 +201,8 @@ def scaled_dot_product_attention(
     Returns:
         ``context`` (..., T, Dv) in the dtype of ``q``; with ``return_weights``, also ``weights``
         (..., T, S) (float32 for half-precision inputs). Queries with no visible key get zero rows.
+        A NaN or inf stored at a query, key or value reaches neither the outputs nor the gradients
+        of the rows that may not see it, nor a key or value gradient through a hidden pair.
 
     Raises:
         TypeError: inputs not tensors or of different dtypes, a mask that is not boolean,

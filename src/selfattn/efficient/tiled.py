@@ -403,7 +403,9 @@ def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str 
     Returns:
         ``out`` (..., T, Dv) in the dtype of ``q`` (scores, softmax and accumulation in float32);
         with ``return_lse``, also ``lse`` (..., T), float32 (float64 for float64 inputs), without gradient. A query with no
-        visible key gets a zero output row, ``lse = -inf``, and zero (finite) gradients. First derivatives
+        visible key gets a zero output row, ``lse = -inf``, and zero (finite) gradients. A NaN or
+        inf stored at a hidden position reaches neither the outputs nor the gradients of the rows
+        that may not see it, whatever the block sizes. First derivatives
         only: the backward is hand-written and not itself differentiable, so differentiating the
         gradients again (``create_graph=True``, e.g. a gradient penalty) raises a RuntimeError
         (torch's wording depends on the call); use ``selfattn.scaled_dot_product_attention`` for that.
