@@ -78,8 +78,11 @@ def _masked_softmax(scores: torch.Tensor, keep: torch.Tensor | None) -> torch.Te
     e = torch.exp(scores - row_max)  # exp(-inf) = 0 exactly
     total = e.sum(dim=-1, keepdim=True)
     weights = e / torch.where(total == 0, torch.ones_like(total), total)  # not `total > 0`: a NaN total stays NaN
-    # A visible NaN makes its row's max and total NaN: the hidden keys' weights must stay 0 (not NaN)
-    return weights if keep is None else weights.masked_fill(~keep, 0.0)
+    # A visible NaN (or +inf) makes its row's total NaN, and 0 / NaN would give the hidden keys NaN
+    # weights: they stay 0 (checked on the (..., T, 1) totals, so the finite case pays no extra pass)
+    if keep is not None and bool(torch.isnan(total).any()):
+        weights = weights.masked_fill(~keep, 0.0)
+    return weights
 
 
 def _zero_unseen(q, k, v, keep):
