@@ -45,6 +45,9 @@ def masked_softmax(scores: torch.Tensor, keep: torch.Tensor | None) -> torch.Ten
 
     Returns:
         ``weights`` with the shape and dtype of ``scores``; each row sums to 1 (or is all zeros).
+        A row whose kept entries include a NaN (or +inf) is NaN on its kept entries and 0 on the
+        others. An empty last axis (S = 0) gives an empty result of that shape, as
+        ``selfattn.ref.softmax``.
 
     Raises:
         TypeError: ``scores`` not a floating tensor, ``keep`` not a boolean tensor.
@@ -64,6 +67,8 @@ def masked_softmax(scores: torch.Tensor, keep: torch.Tensor | None) -> torch.Ten
 
 def _masked_softmax(scores: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
     """:func:`masked_softmax` without the argument checks (its callers have made them)."""
+    if scores.shape[-1] == 0:  # nothing to normalise: an empty result, as torch.softmax and selfattn.ref.softmax
+        return torch.softmax(scores, dim=-1)
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True).detach()  # the max is a constant shift: no gradient needed
@@ -72,23 +77,77 @@ def _masked_softmax(scores: torch.Tensor, keep: torch.Tensor | None) -> torch.Te
     row_max = torch.where(row_max == float("-inf"), torch.zeros_like(row_max), row_max)
     e = torch.exp(scores - row_max)  # exp(-inf) = 0 exactly
     total = e.sum(dim=-1, keepdim=True)
-    return e / torch.where(total == 0, torch.ones_like(total), total)  # not `total > 0`: a NaN total stays NaN
+    weights = e / torch.where(total == 0, torch.ones_like(total), total)  # not `total > 0`: a NaN total stays NaN
+    # A visible NaN (or +inf) makes its row's total NaN, and 0 / NaN would give the hidden keys NaN
+    # weights: they stay 0 (checked on the (..., T, 1) totals, so the finite case pays no extra pass)
+    if keep is not None and bool(torch.isnan(total).any()):
+        weights = weights.masked_fill(~keep, 0.0)
+    return weights
 
 
-def _finite_keys_values(k, v, keep):
-    """Zero the keys and values at positions that no query may see.
+def _zero_unseen(q, k, v, keep):
+    """Zero the queries that see no key and the keys and values that no query may see.
 
-    0 * NaN = NaN in IEEE arithmetic, so a NaN or inf stored at a padded key would otherwise reach
-    the output through the matrix products (forward and backward) even with weight 0.
-    Only positions invisible to every query are touched, so visible data is read unchanged.
+    0 * NaN = NaN in IEEE arithmetic, so a NaN or inf stored at a padded position would otherwise
+    reach the output and the gradients through the matrix products even with weight 0. Only
+    positions outside every visible pair are touched, so visible data is read unchanged.
     """
     if keep is None:
-        return k, v
-    seen = keep.any(dim=-2)  # (..., T, S) -> (..., S): may any query read key j?
-    seen = seen.expand(k.shape[:-1])
-    k = torch.where(seen[..., None], k, torch.zeros((), dtype=k.dtype, device=k.device))
-    v = torch.where(seen[..., None], v, torch.zeros((), dtype=v.dtype, device=v.device))
-    return k, v
+        return q, k, v
+    zero = torch.zeros((), dtype=q.dtype, device=q.device)
+    row_seen = keep.any(dim=-1).expand(q.shape[:-1])  # (..., T, S) -> (..., T): does query i see any key?
+    col_seen = keep.any(dim=-2).expand(k.shape[:-1])  # (..., T, S) -> (..., S): may any query read key j?
+    q = torch.where(row_seen[..., None], q, zero)
+    k = torch.where(col_seen[..., None], k, zero)
+    v = torch.where(col_seen[..., None], v, zero)
+    return q, k, v
+
+
+def _seen_matmul(a: torch.Tensor, b: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` in which a non-finite entry of ``b`` reaches only the rows that may see it.
+
+    ``a`` (..., T, S), ``b`` (..., S, D), ``keep`` bool broadcastable to (..., T, S): may row i read
+    row j of ``b``? In IEEE arithmetic 0 * NaN = NaN, so a NaN in ``b[j]`` would reach every row i,
+    even one with ``a[i, j] = 0`` because the mask hides j from i. The rows that may not see a
+    non-finite entry get the product of the finite entries instead, which is what they would get
+    if it had never been stored.
+    """
+    bad = ~torch.isfinite(b)  # (..., S, D)
+    clean = a @ torch.where(bad, torch.zeros((), dtype=b.dtype, device=b.device), b)  # (..., T, D)
+    reach = (keep.to(a.dtype) @ bad.to(a.dtype)) > 0  # (..., T, S) @ (..., S, D): does row i see a bad b[j, d]?
+    return torch.where(reach, a @ b, clean)
+
+
+class _MaskedScores(torch.autograd.Function):
+    """``q @ k^T`` whose backward lets a NaN or inf stored in q or k reach only the gradients of
+    the pairs that ``keep`` allows.
+
+    The forward is the plain product (the caller replaces the hidden scores). Autograd's own
+    backward, ``dq = dS k`` and ``dk = dS^T q``, computes 0 * NaN = NaN for a hidden pair (dS = 0)
+    and so spreads a NaN key to the gradients of queries that never saw it. Differentiable again
+    (its backward is made of torch operations).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, keep):
+        ctx.save_for_backward(q, k, keep)
+        return q @ k.transpose(-2, -1)  # (..., T, Dh) @ (..., Dh, S) -> (..., T, S)
+
+    @staticmethod
+    def backward(ctx, d_scores):
+        q, k, keep = ctx.saved_tensors
+        d_scores = torch.where(keep, d_scores, torch.zeros((), dtype=d_scores.dtype, device=d_scores.device))
+        dq = _seen_matmul(d_scores, k, keep)  # (..., T, S) @ (..., S, Dh) -> (..., T, Dh)
+        dk = _seen_matmul(d_scores.transpose(-2, -1), q, keep.transpose(-2, -1))  # (..., S, T) @ (..., T, Dh)
+        return dq, dk, None
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """``q @ k^T`` (..., T, S); through :class:`_MaskedScores` only when a mask hides pairs and q
+    or k holds a NaN or inf (checked here: the common, finite case pays one pass over q and k)."""
+    if keep is None or bool(torch.isfinite(q).all() & torch.isfinite(k).all()):
+        return q @ k.transpose(-2, -1)  # (..., T, Dh) @ (..., Dh, S) -> (..., T, S)
+    return _MaskedScores.apply(q, k, keep)
 
 
 def _read_values(weights: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
@@ -145,14 +204,18 @@ def scaled_dot_product_attention(
     Returns:
         ``context`` (..., T, Dv) in the dtype of ``q``; with ``return_weights``, also ``weights``
         (..., T, S) (float32 for half-precision inputs). Queries with no visible key get zero rows.
+        A NaN or inf stored at a query, key or value reaches neither the outputs nor the gradients
+        of the rows that may not see it, nor a key or value gradient through a hidden pair.
 
     Raises:
-        TypeError: inputs not tensors or of different dtypes, a mask that is not boolean.
+        TypeError: inputs not tensors or of different dtypes, a mask that is not boolean,
+        ``return_weights`` not a bool.
         ValueError: wrong ranks, mismatched shapes, a mask or bias that does not broadcast to
         (..., T, S), a non-positive scale, dropout_p outside [0, 1).
 
     Source: chapter 03; masking chapter 04.
     """
+    return_weights = require_flag("return_weights", return_weights)
     require_attention_tensors(q, k, v)
     for name, x in (("mask", mask), ("bias", bias)):
         if x is not None and isinstance(x, torch.Tensor) and x.device != q.device:
@@ -178,8 +241,8 @@ def scaled_dot_product_attention(
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
 
-    k, v = _finite_keys_values(k, v, mask)
-    scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, Dh) @ (..., Dh, S) -> (..., T, S)
+    q, k, v = _zero_unseen(q, k, v, mask)
+    scores = _scores(q, k, mask) * scale  # (..., T, Dh) @ (..., Dh, S) -> (..., T, S)
     if bias is not None:
         scores = scores + bias.to(scores.dtype)
     weights = _masked_softmax(scores, mask)  # (..., T, S), rows sum to 1 (or 0 if nothing visible)
@@ -255,6 +318,8 @@ class SelfAttention(nn.Module):
             raise ValueError(
                 f"X must have last dim d_model={self.config.d_model}; got shape {shape_of(X)}"
             )
+        if X.shape[-2] == 0:
+            raise ValueError(f"X must hold at least one position (T > 0) in (B, T, D) or (T, D); got shape {shape_of(X)}")
         require_dtype("X", X, self.W_Q.dtype)
         Q = X @ self.W_Q  # (B, T, D) @ (D, Dh) -> (B, T, Dh)
         K = X @ self.W_K
@@ -264,5 +329,6 @@ class SelfAttention(nn.Module):
         return Q, K, V
 
     def forward(self, X: torch.Tensor, mask: torch.Tensor | None = None, *, return_weights: bool = False):
+        return_weights = require_flag("return_weights", return_weights)
         Q, K, V = self.project(X)
         return scaled_dot_product_attention(Q, K, V, mask, return_weights=return_weights)

@@ -23,6 +23,7 @@ from torch import nn
 
 from ._validate import (
     require_dtype,
+    require_flag,
     require_positive_int,
     require_probability,
     require_rank,
@@ -132,6 +133,13 @@ class _BlockParts(nn.Module):
         self.ln2 = nn.LayerNorm(D, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)  # on each branch's output; identity in eval
 
+    def _check_input(self, x) -> None:
+        """``x`` must be a (B, T, D) tensor of the parameters' dtype with T > 0 (named ``x``, not the
+        ``x_q`` of the attention layer it is passed on to)."""
+        _require_width("x", x, self.config.d_model, "(B, T, D)", self.ln1.weight.dtype)
+        if x.shape[1] == 0:
+            raise ValueError(f"x must hold at least one position (T > 0) in (B, T, D); got shape {shape_of(x)}")
+
 
 class TransformerBlock(_BlockParts):
     """Pre-norm Transformer block: ``x + attn(ln1(x))``, then ``x + ffn(ln2(x))``.
@@ -144,13 +152,15 @@ class TransformerBlock(_BlockParts):
         and the attention weights (B, H, T, T) with ``return_weights=True``.
 
     Raises:
-        TypeError / ValueError: ``x`` not a (B, T, D) tensor of width d_model; a bad mask.
+        TypeError / ValueError: ``x`` not a (B, T, D) tensor of width d_model with T > 0; a bad
+        mask; ``return_weights`` not a bool.
 
     Source: Xiong et al. 2020 (pre-norm); chapter 07.
     """
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *, return_weights=False):
-        _require_width("x", x, self.config.d_model, "(B, T, D)", self.ln1.weight.dtype)
+        return_weights = require_flag("return_weights", return_weights)
+        self._check_input(x)
         # Each branch reads a normalized copy; the residual stream x itself is only added to.
         attn_out, weights = self.attn(self.ln1(x), mask=mask, return_weights=True)
         x = x + self.dropout(attn_out)  # (B, T, D)
@@ -173,7 +183,8 @@ class PostNormTransformerBlock(_BlockParts):
     """
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *, return_weights=False):
-        _require_width("x", x, self.config.d_model, "(B, T, D)", self.ln1.weight.dtype)
+        return_weights = require_flag("return_weights", return_weights)
+        self._check_input(x)
         # Normalize after adding: the residual stream is renormalized after every branch.
         attn_out, weights = self.attn(x, mask=mask, return_weights=True)
         x = self.ln1(x + self.dropout(attn_out))  # (B, T, D)

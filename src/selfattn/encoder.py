@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ._validate import (
+    require_flag,
     require_positive_int,
     require_probability,
     require_rank,
@@ -86,7 +87,8 @@ class Encoder(nn.Module):
         1 = real token) or None) -> :class:`EncoderOutput`.
 
     Raises:
-        TypeError / ValueError: ids or attention_mask of the wrong type, rank or shape.
+        TypeError / ValueError: ids or attention_mask of the wrong type, rank or shape; ids with
+        no position (T = 0); ``output_weights`` not a bool.
 
     Source: Devlin et al. 2019 (BERT); chapter 07.
     """
@@ -117,7 +119,10 @@ class Encoder(nn.Module):
         Padding positions still get hidden states (they attend to the real tokens); read only the
         real positions.
         """
+        output_weights = require_flag("output_weights", output_weights)
         x = self.embeddings(input_ids, token_type_ids)  # (B, T) -> (B, T, D); validates the ids
+        if input_ids.shape[1] == 0:
+            raise ValueError(f"input_ids must hold at least one token (T > 0) in (B, T); got shape {shape_of(input_ids)}")
         mask = None
         if attention_mask is not None:
             require_tensor("attention_mask", attention_mask)

@@ -30,6 +30,7 @@ from torch import nn
 
 from ._validate import (
     require_dtype,
+    require_flag,
     require_positive_int,
     require_probability,
     require_rank,
@@ -216,6 +217,7 @@ class MultiHeadAttention(nn.Module):
             parameters' dtype; batch sizes that differ; and every error of
             :func:`selfattn.scaled_dot_product_attention`.
         """
+        return_weights = require_flag("return_weights", return_weights)
         x_kv = x_q if x_kv is None else x_kv
         self._check_inputs(x_q, x_kv)
         H = self.config.n_heads
@@ -268,6 +270,7 @@ class MultiHeadAttention(nn.Module):
 
         ``in_proj_weight = cat([W_Q^T, W_K^T, W_V^T])`` (3D, D); ``out_proj.weight = W_O^T``.
         """
+        batch_first = require_flag("batch_first", batch_first)
         c = self.config
         ref = self.W_Q
         mha = nn.MultiheadAttention(

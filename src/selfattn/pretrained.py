@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ._validate import require_positive_int, require_tensor, shape_of
+from ._validate import require_flag, require_positive_int, require_tensor, shape_of
 
 __all__ = ["MiniLMConfig", "TokenBatch", "MiniLM", "MiniLMRun", "model_dir", "load_minilm"]
 
@@ -266,6 +266,7 @@ class MiniLM:
 
         Source: chapters 01, 06 and 07.
         """
+        output_weights = require_flag("output_weights", output_weights)
         batch = self.tokenize(sentences, max_length)
         encoder = self.encoder()
         with torch.no_grad():

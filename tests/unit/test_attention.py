@@ -539,3 +539,55 @@ def test_attention_config_bias_must_be_a_bool():
     with pytest.raises(TypeError, match=r"bias must be True or False; got 'no' \(str\)"):
         AttentionConfig(8, 4, bias="no")
     assert [n for n, _ in SelfAttention(AttentionConfig(8, 4, bias=False)).named_parameters()] == ["W_Q", "W_K", "W_V"]
+
+
+@pytest.mark.parametrize("with_keep", [False, True])
+def test_masked_softmax_of_an_empty_axis_is_empty_like_torch_and_the_reference(with_keep):
+    # Regression: an empty last axis raised torch's IndexError from amax.
+    scores = torch.zeros(2, 3, 0, dtype=torch.float64, requires_grad=True)
+    keep = torch.zeros(3, 0, dtype=torch.bool) if with_keep else None
+    got = masked_softmax(scores, keep)
+    expected = ref.softmax(scores.detach().numpy(), axis=-1, mask=None if keep is None else keep.numpy())
+    assert got.shape == (2, 3, 0) == expected.shape and got.dtype == torch.float64
+    torch.testing.assert_close(got, torch.softmax(scores, dim=-1), rtol=0, atol=0, equal_nan=False)
+    got.sum().backward()  # still part of the graph
+    assert scores.grad.shape == (2, 3, 0)
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 8), (0, 8)])
+def test_self_attention_with_no_position_names_X_with_its_shape(shape):
+    # Regression: T = 0 raised an error naming k and v, which the caller never passed.
+    layer = SelfAttention(AttentionConfig(8, 4))
+    with pytest.raises(ValueError, match=rf"X must hold at least one position \(T > 0\) .*got shape {re.escape(str(shape))}"):
+        layer(torch.zeros(shape))
+
+
+def test_masked_scores_backward_is_the_exact_gradient_and_differentiable_again(gen):
+    # The product q k^T that sdpa uses when a mask hides pairs and q or k is non-finite: on finite
+    # inputs its hand-written backward must be the true gradient, and differentiable (create_graph).
+    from selfattn.attention import _MaskedScores
+
+    q = torch.randn(2, 4, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 5, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    keep = causal_mask(4, 5, alignment="bottom_right")
+    # gradcheck compares with finite differences of the forward (which is the plain product)
+    assert torch.autograd.gradcheck(lambda a, b: _MaskedScores.apply(a, b, keep).masked_fill(~keep, 0.0), (q, k))
+    assert torch.autograd.gradgradcheck(lambda a, b: _MaskedScores.apply(a, b, keep).masked_fill(~keep, 0.0), (q, k))
+
+
+def test_a_visible_nan_gives_nan_weights_only_on_the_keys_its_row_sees(gen):
+    # Regression (found with the gradient contract): a NaN among a row's visible scores gave NaN
+    # weights on its hidden keys too (0 / NaN), so dV of those keys was NaN; so did the NumPy
+    # reference, against its docstring ("False entries get weight exactly 0 whatever x holds there").
+    # Both: NaN on the row's visible entries, exactly 0 on its hidden ones.
+    scores = torch.randn(3, 4, generator=gen, dtype=torch.float64)
+    scores[1, 0] = float("nan")
+    keep = causal_mask(3, 4, alignment="top_left")
+    got = masked_softmax(scores, keep)
+    want = ref.softmax(scores.numpy(), mask=keep.numpy())
+    expected_nan = np.zeros((3, 4), dtype=bool)
+    expected_nan[1, :2] = True  # row 1 sees keys 0 and 1
+    np.testing.assert_array_equal(np.isnan(want), expected_nan)
+    assert (want[~keep.numpy()] == 0).all() and (got[~keep] == 0).all()
+    np.testing.assert_array_equal(np.isnan(got.numpy()), np.isnan(want))
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=0)  # NaN where the reference is

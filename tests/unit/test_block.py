@@ -241,3 +241,10 @@ def test_input_of_another_dtype_than_the_parameters_is_refused_by_name(cls, dtyp
     with pytest.raises(TypeError, match=rf"x must have the dtype of the module's parameters, "
                                         rf"torch.float32; got dtype {dtype}"):
         module(torch.ones(2, 5, 12, dtype=dtype))
+
+
+@pytest.mark.parametrize("cls", BLOCKS)
+def test_no_position_names_x_with_its_shape(cls):
+    # Regression: T = 0 raised an error naming x_q, an argument of the attention layer inside.
+    with pytest.raises(ValueError, match=r"x must hold at least one position \(T > 0\) in \(B, T, D\); got shape \(2, 0, 12\)"):
+        _block(cls)(torch.zeros(2, 0, 12, dtype=torch.float64))

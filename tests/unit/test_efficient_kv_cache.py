@@ -139,3 +139,11 @@ def test_no_new_position_is_an_error_that_names_q_new():
     with pytest.raises(ValueError, match=r"q_new, k_new and v_new must hold at least one new position \(T_new > 0\)"):
         cached_attention(x, x, x, cache)
     assert len(cache) == 0
+
+
+@pytest.mark.parametrize("cache", [None, {}, [torch.zeros(1, 1, 2, 4)]])
+def test_a_cache_that_is_not_a_kvcache_is_refused_by_name(cache):
+    # Regression: cache=None raised AttributeError ('NoneType' object has no attribute 'extended').
+    x = torch.randn(1, 1, 2, 4)
+    with pytest.raises(TypeError, match=rf"cache must be a selfattn.efficient.KVCache .*got {type(cache).__name__}"):
+        cached_attention(x, x, x, cache)

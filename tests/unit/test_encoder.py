@@ -121,3 +121,10 @@ def test_hf_state_dict_mapping_is_strict():
     missing = {k: v for k, v in sd.items() if k != "encoder.layer.2.output.dense.bias"}
     with pytest.raises(KeyError, match="encoder.layer.2.output.dense.bias"):
         hf_bert_state_dict(missing, 6)
+
+
+def test_no_position_names_input_ids_with_its_shape():
+    # Regression: T = 0 raised an error naming x_q, an argument of the attention layer inside.
+    encoder = Encoder(EncoderConfig(vocab_size=10, d_model=8, n_layers=1, n_heads=2, d_ff=16))
+    with pytest.raises(ValueError, match=r"input_ids must hold at least one token \(T > 0\) in \(B, T\); got shape \(2, 0\)"):
+        encoder(torch.zeros(2, 0, dtype=torch.long))

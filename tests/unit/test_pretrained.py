@@ -171,3 +171,9 @@ def test_tokenize_max_length_cuts_and_is_checked():
     for bad in (1, 513, 2.5, True):
         with pytest.raises(ValueError, match=r"max_length must be an int in \[2, 512\]"):
             minilm.tokenize(text, max_length=bad)
+
+
+def test_run_refuses_a_non_bool_output_weights(minilm):
+    # Regression: output_weights="no" was taken as True (every layer's weights returned).
+    with pytest.raises(TypeError, match=r"output_weights must be True or False; got 'no'"):
+        minilm.run("a sentence", output_weights="no")

@@ -278,3 +278,25 @@ def test_an_integer_mask_error_gives_the_numpy_fix():
     q = np.ones((5, 4))
     with pytest.raises(TypeError, match=r"mask.astype\(bool\) \(NumPy\)"):
         ref.scaled_dot_product_attention(q, np.ones((7, 4)), np.ones((7, 4)), mask=np.ones((5, 7), dtype=int))
+
+
+@pytest.mark.parametrize("axis", ["a", 1.0, None, True, np.float64(0.0)])
+def test_softmax_refuses_an_axis_that_is_not_an_int(axis):
+    # Regression: a non-integer axis raised NumPy's "'str' object cannot be interpreted as an integer".
+    with pytest.raises(TypeError, match=rf"axis must be an int .*got {re.escape(repr(axis))}"):
+        ref.softmax(np.zeros((2, 3)), axis=axis)
+
+
+@pytest.mark.parametrize("axis", [2, -3])
+def test_softmax_refuses_an_axis_out_of_range_even_for_an_empty_array(axis):
+    for x in (np.zeros((2, 3)), np.zeros((2, 0))):
+        with pytest.raises(ValueError, match=rf"axis must be in \[-2, 2\) for x of shape {re.escape(str(x.shape))}; got {axis}"):
+            ref.softmax(x, axis=axis)
+
+
+def test_softmax_of_an_empty_axis_is_empty_like_torch():
+    # ref.softmax and selfattn.masked_softmax agree on an empty last axis (the torch side is tested
+    # in test_attention.py): an empty result of the input's shape, as torch.softmax.
+    got = ref.softmax(np.zeros((2, 3, 0)), axis=-1)
+    assert got.shape == (2, 3, 0) and got.dtype == np.float64
+    assert got.shape == tuple(torch.softmax(torch.zeros(2, 3, 0), dim=-1).shape)

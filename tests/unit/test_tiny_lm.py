@@ -103,3 +103,9 @@ def test_training_lowers_the_loss_and_is_reproducible():
 def test_training_rejects_zero_steps():
     with pytest.raises((TypeError, ValueError), match="steps"):
         train_next_token(_model(), torch.arange(50) % 11, causal=True, steps=0)
+
+
+def test_no_position_names_input_ids_with_its_shape():
+    # Regression: T = 0 raised an error naming x_q (the attention layer's argument), not input_ids.
+    with pytest.raises(ValueError, match=r"input_ids must hold at least one token \(T > 0\); got shape \(2, 0\)"):
+        _model()(torch.zeros(2, 0, dtype=torch.long))

@@ -154,3 +154,93 @@ def test_require_bool_mask_accepts_array_likes_and_refuses_float_lists_by_name()
     V.require_bool_mask("mask", [[True, False], [True, True]])
     with pytest.raises(TypeError, match=r"mask must be a boolean (tensor|array) .*got dtype float64"):
         V.require_bool_mask("mask", [[1.0, 0.0]])
+
+
+def _flag_calls():
+    """One call per boolean flag of every public function, with every other argument valid."""
+    import selfattn
+    from selfattn import ref
+    from selfattn.block import BlockConfig, PostNormTransformerBlock, TransformerBlock
+    from selfattn.efficient import tiled_attention
+    from selfattn.efficient.experiments import variant_errors
+    from selfattn.encoder import Encoder, EncoderConfig
+    from selfattn.experiments.retrieval import (
+        RetrievalConfig,
+        RetrievalModel,
+        make_retrieval_batch,
+        train_retrieval,
+    )
+    from selfattn.models.gpt import GPT, GPTConfig, train_lm
+    from selfattn.models.tiny_lm import (
+        TinyLM,
+        TinyLMConfig,
+        blind_next_token_loss,
+        train_next_token,
+    )
+    from selfattn.multihead import MHAConfig, MultiHeadAttention
+    from selfattn.viz.softmax import scaling_view
+
+    q = k = v = torch.randn(1, 1, 4, 4, dtype=torch.float64)
+    x = torch.randn(1, 4, 8)
+    qn = q.numpy()
+    mha = MultiHeadAttention(MHAConfig(8, 2))
+    block_cfg = BlockConfig(8, 2, 16)
+    ids = torch.arange(40) % 5
+    gpt = GPT(GPTConfig(vocab_size=5, block_size=8, d_model=8, n_heads=2, n_layers=1, d_ff=16))
+    tiny = TinyLM(TinyLMConfig(vocab_size=5, block_size=8, d_model=8, n_heads=2, d_ff=16))
+    rcfg = RetrievalConfig(n_keys=10, n_values=5, n_pairs=6)
+    W = np.eye(8)
+    params = {n: np.eye(8) for n in ("W_Q", "W_K", "W_V", "W_O")}
+    params.update({n: np.zeros(8) for n in ("b_Q", "b_K", "b_V", "b_O", "ln1_beta", "ln2_beta", "b_2")})
+    params.update(ln1_gamma=np.ones(8), ln2_gamma=np.ones(8), W_1=np.ones((8, 16)), b_1=np.zeros(16),
+                  W_2=np.ones((16, 8)))
+    return {
+        "sdpa return_weights": ("return_weights", lambda f: selfattn.scaled_dot_product_attention(q, k, v, return_weights=f)),
+        "SelfAttention return_weights": ("return_weights", lambda f: selfattn.SelfAttention(
+            selfattn.AttentionConfig(8, 4))(x, return_weights=f)),
+        "MultiHeadAttention return_weights": ("return_weights", lambda f: mha(x, return_weights=f)),
+        "MultiHeadAttention.to_torch batch_first": ("batch_first", lambda f: mha.to_torch(batch_first=f)),
+        "TransformerBlock return_weights": ("return_weights", lambda f: TransformerBlock(block_cfg)(x, return_weights=f)),
+        "PostNormTransformerBlock return_weights": ("return_weights", lambda f: PostNormTransformerBlock(block_cfg)(
+            x, return_weights=f)),
+        "Encoder output_weights": ("output_weights", lambda f: Encoder(EncoderConfig(10, 8, 1, 2, 16))(
+            torch.zeros(1, 3, dtype=torch.long), output_weights=f)),
+        "tiled_attention return_lse": ("return_lse", lambda f: tiled_attention(q, k, v, return_lse=f)),
+        "tiled_attention causal": ("causal", lambda f: tiled_attention(q, k, v, causal=f)),
+        "variant_errors causal": ("causal", lambda f: variant_errors(q[0], k[0], v[0], windows=(2,), causal=f)),
+        "RetrievalModel return_weights": ("return_weights", lambda f: RetrievalModel(rcfg)(
+            make_retrieval_batch(rcfg, 2, torch.Generator().manual_seed(0)), return_weights=f)),
+        "train_retrieval progress": ("progress", lambda f: train_retrieval(RetrievalModel(rcfg), steps=1, progress=f)),
+        "GPT return_weights": ("return_weights", lambda f: gpt(ids[None, :4], return_weights=f)),
+        "GPT.generate greedy": ("greedy", lambda f: gpt.generate(ids[None, :4], 1, greedy=f)),
+        "GPT.generate use_cache": ("use_cache", lambda f: gpt.generate(ids[None, :4], 1, greedy=True, use_cache=f)),
+        "train_lm progress": ("progress", lambda f: train_lm(gpt, ids, ids, steps=1, batch_size=2, eval_every=1,
+                                                            eval_batches=1, progress=f)),
+        "blind_next_token_loss causal": ("causal", lambda f: blind_next_token_loss(tiny, ids[None, :4], ids[None, 1:5],
+                                                                                  causal=f)),
+        "train_next_token causal": ("causal", lambda f: train_next_token(tiny, ids, causal=f, steps=1, batch_size=2)),
+        "ref.scaled_dot_product_attention return_weights": ("return_weights", lambda f: ref.scaled_dot_product_attention(
+            qn, qn, qn, return_weights=f)),
+        "ref.multi_head_attention return_weights": ("return_weights", lambda f: ref.multi_head_attention(
+            x.double().numpy(), x.double().numpy(), W, W, W, W, 2, return_weights=f)),
+        "ref.post_norm_block return_weights": ("return_weights", lambda f: ref.post_norm_block(
+            x.double().numpy(), params, 2, return_weights=f)),
+        "ref.pre_norm_block return_weights": ("return_weights", lambda f: ref.pre_norm_block(
+            x.double().numpy(), params, 2, return_weights=f)),
+        "ref.online_attention return_lse": ("return_lse", lambda f: ref.online_attention(qn, qn, qn, return_lse=f)),
+        "scaling_view show_unscaled": ("show_unscaled", lambda f: scaling_view(4, show_unscaled=f, n_queries=4)),
+        "scaling_view show_scaled": ("show_scaled", lambda f: scaling_view(4, show_scaled=f, n_queries=4)),
+    }
+
+
+_FLAG_CALLS = sorted(_flag_calls())
+
+
+@pytest.mark.parametrize("case", _FLAG_CALLS)
+def test_every_boolean_flag_of_the_public_functions_refuses_a_non_bool(case):
+    # Regression: return_weights="no", return_lse="no" (and most other flags) were taken as True.
+    name, call = _flag_calls()[case]
+    for bad in ("no", 0, None):
+        with pytest.raises(TypeError, match=rf"{name} must be True or False; got {re.escape(repr(bad))}"):
+            call(bad)
+    call(False)  # a real bool is accepted

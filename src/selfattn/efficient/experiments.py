@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._validate import require_positive_int
+from .._validate import require_flag, require_positive_int
 from ..attention import scaled_dot_product_attention
 from .variants import linear_attention, sliding_window_attention
 
@@ -62,6 +62,7 @@ def variant_errors(q, k, v, windows=(4, 16, 64), causal: bool = True) -> dict[st
     Returns a dict: ``"window=w"`` for each sliding window and ``"linear (elu+1)"``.
     Source: chapter 08 (claim 18).
     """
+    causal = require_flag("causal", causal)
     T = q.shape[-2]
     keep = torch.ones(T, T, dtype=torch.bool).tril() if causal else None
     exact = scaled_dot_product_attention(q, k, v, keep)

@@ -90,12 +90,15 @@ def cached_attention(q_new, k_new, v_new, cache: KVCache, *, scale: float | None
         ``context`` (..., T_new, Dv).
 
     Raises:
+        TypeError: ``cache`` is not a :class:`KVCache`.
         TypeError / ValueError: as ``KVCache.append`` and ``selfattn.scaled_dot_product_attention``;
         ValueError also if ``q_new`` and ``k_new`` differ in T_new. A call that raises leaves the
         cache unchanged.
 
     Source: chapter 09.
     """
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"cache must be a selfattn.efficient.KVCache (start with KVCache()); got {type(cache).__name__}")
     require_tensor("q_new", q_new)
     require_min_rank("q_new", q_new, 2, "(..., T_new, Dh)")
     k, v = cache.extended(k_new, v_new)  # checked, not yet stored

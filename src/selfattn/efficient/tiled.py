@@ -29,6 +29,7 @@ from .._validate import (
     require_scale,
     require_tensor,
 )
+from ..attention import _seen_matmul
 
 __all__ = ["Visibility", "tiled_attention", "pick_forward", "DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_K"]
 
@@ -38,10 +39,11 @@ __all__ = ["Visibility", "tiled_attention", "pick_forward", "DEFAULT_BLOCK_Q", "
 DEFAULT_BLOCK_Q = 512
 DEFAULT_BLOCK_K = 512
 _HALF = (torch.float16, torch.bfloat16)
-# Scores are kept in base 2 (s * log2 e) so that the tiles use exp2, several times faster than exp on
-# CPUs (FlashAttention does the same on GPUs); exp2(s log2 e - m) = exp(s - m ln 2). lse is converted back.
+# The tiles exponentiate with exp2, several times faster than exp on CPUs (FlashAttention does the same on
+# GPUs): exp(x) = exp2(x log2 e). The factor is applied to x = s - m, after the running maximum has been
+# subtracted in the natural-log domain: scaling the scores themselves (|s| up to 1e5) would round away
+# their low bits and cost about 1e-2 relative at large logits, where x near 0 loses nothing.
 _LOG2E = 1.0 / math.log(2.0)
-_LN2 = math.log(2.0)
 
 
 @dataclass(frozen=True)
@@ -131,16 +133,9 @@ def _zero_unseen(k_t, v_t, keep):
     return torch.where(seen, k_t, 0.0), torch.where(seen, v_t, 0.0)
 
 
-def _read_tile_values(p, v_t, keep, lead: torch.Size):
-    """``p @ v_t`` for a tile whose values hold a non-finite entry: it reaches only the rows that
-    may see it (as ``selfattn.attention._read_values``); 0 * NaN = NaN would spread it to every row.
-
-    ``p`` (BH, bq, bk), ``v_t`` (BH, bk, Dv), ``keep`` a bool tensor broadcastable to (*lead, bq, bk)."""
-    bad = ~torch.isfinite(v_t)  # (BH, bk, Dv)
-    clean = p @ torch.where(bad, 0.0, v_t)  # (BH, bq, bk) @ (BH, bk, Dv) -> (BH, bq, Dv)
-    keep = keep.expand(*lead, *keep.shape[-2:]).reshape(p.shape)  # (..., bq, bk) -> (BH, bq, bk)
-    reach = (keep.to(p.dtype) @ bad.to(p.dtype)) > 0  # (BH, bq, Dv): may row i see a bad value?
-    return torch.where(reach, p @ v_t, clean)
+def _flat_keep(keep, lead: torch.Size, tile: torch.Size):
+    """A tile's keep-mask, broadcastable to (*lead, bq, bk), as a (BH, bq, bk) tensor."""
+    return keep.expand(*lead, *keep.shape[-2:]).reshape(tile)  # (..., bq, bk) -> (BH, bq, bk)
 
 
 class _StructuralBias:
@@ -187,7 +182,7 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
                         *, reverse_key_tiles: bool = False):
     """The tiled forward pass in plain torch; returns ``(out, lse)``.
 
-    ``out`` (..., T, Dv) in the dtype of ``q``; ``lse`` (..., T) float32, ``-inf`` for a query that
+    ``out`` (..., T, Dv) in the dtype of ``q``; ``lse`` (..., T) float32 (float64 for float64 inputs), ``-inf`` for a query that
     sees no key (its output row is zero). ``reverse_key_tiles`` visits the key tiles last to first,
     which must not change the result (tests use it). Source: Dao et al. (2022), Algorithm 1.
     """
@@ -211,9 +206,10 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
     acc_buffer = torch.empty(BH * min(block_q, T) * Dv, dtype=work, device=dev)
     for i0, i1 in _tiles(T, block_q):
         n = i1 - i0
-        q_t = q_buffer[: BH * n * Dh].view(BH, n, Dh).copy_(q3[:, i0:i1]).mul_(scale * _LOG2E)  # float32 for half inputs
-        m = torch.full((BH, n), -math.inf, dtype=work, device=dev)  # running max (BH, bq), base 2
-        l = torch.zeros((BH, n), dtype=work, device=dev)  # running sum of exp2(s - m)
+        # the scaled queries, float32 for half inputs; the backward recomputes them the same way
+        q_t = q_buffer[: BH * n * Dh].view(BH, n, Dh).copy_(q3[:, i0:i1]).mul_(scale)
+        m = torch.full((BH, n), -math.inf, dtype=work, device=dev)  # running max of the scores (BH, bq)
+        l = torch.zeros((BH, n), dtype=work, device=dev)  # running sum of exp(s - m)
         acc = acc_buffer[: BH * n * Dv].view(BH, n, Dv).zero_()  # (BH, bq, Dv)
         for j0, j1 in key_tiles:
             j0, j1 = vis.key_span(i0, i1, j0, j1)  # only keys some query of the tile may see
@@ -239,8 +235,8 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
             # A row that has seen only masked entries keeps m = -inf: shift by 0 so that
             # exp(-inf - -inf) = NaN never happens; exp(-inf - 0) = 0 adds nothing.
             shift = m_new if keep is True else torch.where(m_new == -math.inf, 0.0, m_new)
-            p = torch.exp2(s.sub_(shift[..., None]), out=s)  # in place: the one tile buffer
-            correction = torch.exp2(m - shift)  # (BH, bq): rescales what was summed under the old max
+            p = torch.exp2(s.sub_(shift[..., None]).mul_(_LOG2E), out=s)  # exp(s - m), in the one tile buffer
+            correction = torch.exp(m - shift)  # (BH, bq): rescales what was summed under the old max
             l.mul_(correction).add_(p.sum(dim=-1))
             acc.mul_(correction[..., None])
             if finite_v or keep is True:
@@ -248,15 +244,15 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
             else:
                 if keep is None:  # the structural keep-mask of this tile, for the exact slow path
                     keep = torch.isfinite(structural.cache[(*vis.band(i0, j0), i1 - i0, j1 - j0)])
-                acc.add_(_read_tile_values(p, v_t, keep, lead))  # slower, exact for non-finite v
+                acc.add_(_seen_matmul(p, v_t, _flat_keep(keep, lead, p.shape)))  # slower, exact for non-finite v
             m = m_new
         seen = l != 0  # not `l > 0`: a NaN score (a visible NaN key) must give NaN, not a zero row
         if bool(seen.all()):  # the usual case: every query of the block saw a key
             out[:, i0:i1] = acc.div_(l[..., None])
-            lse[:, i0:i1] = (m + torch.log2(l)) * _LN2
+            lse[:, i0:i1] = m + torch.log(l)
         else:
             out[:, i0:i1] = torch.where(seen[..., None], acc / torch.where(seen, l, 1.0)[..., None], 0.0)
-            lse[:, i0:i1] = torch.where(seen, (m + torch.log2(torch.where(seen, l, 1.0))) * _LN2, -math.inf)
+            lse[:, i0:i1] = torch.where(seen, m + torch.log(torch.where(seen, l, 1.0)), -math.inf)
     return out.view(*lead, T, Dv), lse.view(*lead, T)  # (BH, T, Dv) -> (..., T, Dv)
 
 
@@ -267,35 +263,51 @@ def tiled_backward_torch(q, k, v, out, lse, d_out, vis: Visibility, scale: float
 
     With ``P = exp(S - lse)``: ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - rowsum(dO * O))``,
     ``dQ = dS K * scale``, ``dK = dS^T Q * scale``. A query with ``lse = -inf`` (no visible key) has
-    ``P = 0`` and so contributes zero gradients.
+    ``P = 0`` and so contributes zero gradients. The scores are recomputed exactly as the forward
+    computed them (the same scaled queries, tiles and products), so that ``P`` is the forward's to
+    rounding even where the logits are large. A NaN or inf stored at a query or key reaches only the
+    gradients of the pairs the mask lets see it.
     """
-    T, S = q.shape[-2], k.shape[-2]
-    work = _work_dtype(q.dtype)
-    delta = (d_out.to(work) * out.to(work)).sum(dim=-1)  # (..., T): rowsum(dO * O)
-    lse_safe = torch.where(torch.isfinite(lse), lse * _LOG2E, math.inf).to(work)  # base 2; exp2(s - inf) = 0
-    dq = torch.zeros(q.shape, dtype=work, device=q.device)
-    dk = torch.zeros(k.shape, dtype=work, device=q.device)
-    dv = torch.zeros(v.shape, dtype=work, device=q.device)
-    for j0, j1 in _tiles(S, block_k):
-        k_full, v_full = k[..., j0:j1, :].to(work), v[..., j0:j1, :].to(work)
+    T, S, Dh, Dv, lead = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.shape[:-2]
+    work, dev = _work_dtype(q.dtype), q.device
+    BH = math.prod(lead)
+    q3, do3 = q.reshape(BH, T, Dh), d_out.reshape(BH, T, Dv)  # (..., T, D) -> (BH, T, D), as the forward
+    delta = (do3.to(work) * out.reshape(BH, T, Dv).to(work)).sum(dim=-1)  # (BH, T): rowsum(dO * O)
+    lse_safe = torch.where(torch.isfinite(lse), lse, math.inf).reshape(BH, T).to(work)  # exp(s - inf) = 0
+    # Else a NaN query or key must reach only the pairs that see it (a sum: no (T, Dh) temporary)
+    finite_qk = bool(torch.isfinite(q.sum()) & torch.isfinite(k.sum()))
+    dq = torch.zeros(BH, T, Dh, dtype=work, device=dev)
+    dk = torch.zeros(BH, S, Dh, dtype=work, device=dev)
+    dv = torch.zeros(BH, S, Dv, dtype=work, device=dev)
+    for tile_j0, tile_j1 in _tiles(S, block_k):
         for i0, i1 in _tiles(T, block_q):
-            keep = vis.tile(i0, i1, j0, j1, q.device)
+            j0, j1 = vis.key_span(i0, i1, tile_j0, tile_j1)  # the forward's key span of this tile
+            keep = vis.tile(i0, i1, j0, j1, dev) if j0 < j1 else False
             if keep is False:
                 continue
-            k_t, v_t = (k_full, v_full) if keep is True else _zero_unseen(k_full, v_full, keep)
-            q_t, do_t = q[..., i0:i1, :].to(work), d_out[..., i0:i1, :].to(work)
-            s = (q_t @ k_t.transpose(-2, -1)) * (scale * _LOG2E)  # (..., bq, Dh) @ (..., Dh, bk) -> (..., bq, bk)
+            k_t, v_t = k[..., j0:j1, :].to(work), v[..., j0:j1, :].to(work)
             if keep is not True:
-                s.masked_fill_(~keep, -math.inf)
-            p = torch.exp2(s.sub_(lse_safe[..., i0:i1, None]), out=s)  # the forward's weights, recomputed
-            dv[..., j0:j1, :] += p.transpose(-2, -1) @ do_t  # (..., bk, bq) @ (..., bq, Dv) -> (..., bk, Dv)
-            dp = do_t @ v_t.transpose(-2, -1)  # (..., bq, Dv) @ (..., Dv, bk) -> (..., bq, bk)
-            ds = p * (dp - delta[..., i0:i1, None])
+                k_t, v_t = _zero_unseen(k_t, v_t, keep)
+            k_t, v_t = k_t.reshape(BH, j1 - j0, Dh), v_t.reshape(BH, j1 - j0, Dv)  # (..., bk, D) -> (BH, bk, D)
+            q_t, do_t = q3[:, i0:i1].to(work) * scale, do3[:, i0:i1].to(work)  # as the forward's q_t
+            s = torch.bmm(q_t, k_t.transpose(1, 2))  # (BH, bq, Dh) @ (BH, Dh, bk) -> (BH, bq, bk)
+            if keep is not True:
+                s.view(*lead, *s.shape[-2:]).masked_fill_(~keep, -math.inf)
+            p = torch.exp2(s.sub_(lse_safe[:, i0:i1, None]).mul_(_LOG2E), out=s)  # the forward's weights
+            dv[:, j0:j1] += p.transpose(1, 2) @ do_t  # (BH, bk, bq) @ (BH, bq, Dv) -> (BH, bk, Dv)
+            dp = do_t @ v_t.transpose(1, 2)  # (BH, bq, Dv) @ (BH, Dv, bk) -> (BH, bq, bk)
+            ds = p.mul_(dp.sub_(delta[:, i0:i1, None]))  # dS = P * (dP - delta), in p's buffer
             if keep is not True:  # p = 0 there, but 0 * NaN = NaN: a non-finite value must not reach
-                ds.masked_fill_(~keep, 0.0)  # the gradients of queries that may not see it
-            dq[..., i0:i1, :] += (ds @ k_t) * scale  # (..., bq, bk) @ (..., bk, Dh) -> (..., bq, Dh)
-            dk[..., j0:j1, :] += (ds.transpose(-2, -1) @ q_t) * scale  # (..., bk, bq) @ (..., bq, Dh)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+                ds.view(*lead, *ds.shape[-2:]).masked_fill_(~keep, 0.0)  # the queries that may not see it
+            if keep is True or finite_qk:
+                dq[:, i0:i1] += (ds @ k_t) * scale  # (BH, bq, bk) @ (BH, bk, Dh) -> (BH, bq, Dh)
+                dk[:, j0:j1] += ds.transpose(1, 2) @ q_t  # (BH, bk, bq) @ (BH, bq, Dh); q_t holds the scale
+            else:  # slower, exact: ds @ k_t would compute 0 * NaN for the pairs the mask hides
+                flat = _flat_keep(keep, lead, ds.shape)
+                dq[:, i0:i1] += _seen_matmul(ds, k_t, flat) * scale
+                dk[:, j0:j1] += _seen_matmul(ds.transpose(1, 2), q_t, flat.transpose(1, 2))
+    return (dq.view(q.shape).to(q.dtype), dk.view(k.shape).to(k.dtype),  # (BH, T, D) -> (..., T, D)
+            dv.view(v.shape).to(v.dtype))
 
 
 def pick_forward(q: torch.Tensor, vis: Visibility):
@@ -339,6 +351,8 @@ def validate_attention_inputs(q, k, v, mask, scale):
     require_scale(scale)
     if mask is not None:
         require_tensor("mask", mask)
+        if mask.device != q.device:
+            raise ValueError(f"mask must be on the device of q ({q.device}); got {mask.device}")
         require_bool_mask("mask", mask)
         require_min_rank("mask", mask, 2, "(..., T, S)")
         target = tuple(q.shape[:-2]) + (q.shape[-2], k.shape[-2])
@@ -389,19 +403,24 @@ def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str 
     Returns:
         ``out`` (..., T, Dv) in the dtype of ``q`` (scores, softmax and accumulation in float32);
         with ``return_lse``, also ``lse`` (..., T), float32 (float64 for float64 inputs), without gradient. A query with no
-        visible key gets a zero output row, ``lse = -inf``, and zero (finite) gradients. First derivatives
+        visible key gets a zero output row, ``lse = -inf``, and zero (finite) gradients. A NaN or
+        inf stored at a hidden position reaches neither the outputs nor the gradients of the rows
+        that may not see it, whatever the block sizes. First derivatives
         only: the backward is hand-written and not itself differentiable, so differentiating the
         gradients again (``create_graph=True``, e.g. a gradient penalty) raises a RuntimeError
         (torch's wording depends on the call); use ``selfattn.scaled_dot_product_attention`` for that.
 
     Raises:
         TypeError: non-tensor or non-floating inputs, different dtypes, a non-boolean mask.
-        ValueError: mismatched shapes, a mask that does not broadcast to (..., T, S), a bad scale or
+        TypeError also for ``causal`` or ``return_lse`` not a bool.
+        ValueError: mismatched shapes, a mask that does not broadcast to (..., T, S) or is on another
+        device than ``q``, a bad scale or
         block size, ``alignment`` missing when causal with T != S, or given without ``causal``.
 
     Source: chapter 09; Dao et al. (2022), FlashAttention, Algorithm 1; backward Dao (2023),
     FlashAttention-2, Algorithm 2.
     """
+    return_lse = require_flag("return_lse", return_lse)
     scale = validate_attention_inputs(q, k, v, mask, scale)
     block_q, block_k = require_positive_int("block_q", block_q), require_positive_int("block_k", block_k)
     causal = require_flag("causal", causal)

@@ -39,7 +39,7 @@ if triton is not None:
         stride_qb, stride_qt, stride_kb, stride_ks, stride_vb, stride_vs, stride_ob, stride_ot,
         T, S, Dh, Dv, scale, causal_offset,
         CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
+        BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr,
     ):
         start_m = tl.program_id(0)
         bh = tl.program_id(1)  # one (batch, head) pair
@@ -48,9 +48,10 @@ if triton is not None:
         dims_v = tl.arange(0, BLOCK_DV)
         q = tl.load(Q + bh * stride_qb + rows[:, None] * stride_qt + dims[None, :],
                     mask=(rows[:, None] < T) & (dims[None, :] < Dh), other=0.0)  # (BLOCK_M, BLOCK_D)
-        m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-        l_i = tl.zeros((BLOCK_M,), tl.float32)
-        acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
+        # running max, sum and accumulator in ACC: float64 for float64 inputs, else float32
+        m_i = tl.full((BLOCK_M,), float("-inf"), ACC)
+        l_i = tl.zeros((BLOCK_M,), ACC)
+        acc = tl.zeros((BLOCK_M, BLOCK_DV), ACC)
         hi = S
         if CAUSAL:  # key j is visible to row i iff j <= i + causal_offset: stop at the diagonal
             hi = tl.minimum(S, tl.maximum((start_m + 1) * BLOCK_M + causal_offset, 0))
@@ -60,7 +61,7 @@ if triton is not None:
                         mask=(cols[:, None] < S) & (dims[None, :] < Dh), other=0.0)  # (BLOCK_N, BLOCK_D)
             v = tl.load(V + bh * stride_vb + cols[:, None] * stride_vs + dims_v[None, :],
                         mask=(cols[:, None] < S) & (dims_v[None, :] < Dv), other=0.0)  # (BLOCK_N, BLOCK_DV)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (BLOCK_M, BLOCK_N), float32
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC) * scale  # (BLOCK_M, BLOCK_N)
             visible = cols[None, :] < S
             if CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None] + causal_offset)
@@ -70,7 +71,7 @@ if triton is not None:
             p = tl.exp(s - shift[:, None])
             correction = tl.exp(m_i - shift)
             l_i = l_i * correction + tl.sum(p, 1)
-            acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION, out_dtype=ACC)
             m_i = m_new
         seen = l_i != 0  # NaN (a visible NaN key) must stay NaN, as in the torch path
         safe_l = tl.where(seen, l_i, 1.0)
@@ -86,7 +87,9 @@ def triton_forward(q, k, v, vis, scale: float, block_q: int = 64, block_k: int =
 
     Supports no mask or a causal mask (``vis.causal_offset``), not a general mask or a window.
     Block sizes are rounded to powers of two >= 16 (``tl.dot`` needs them) and capped at 128.
-    float32 inputs use IEEE float32 products (no TF32), so results match the torch path.
+    float32 inputs use IEEE float32 products (no TF32), so results match the torch path; float64
+    inputs are computed in float64. ``lse`` is float32, or float64 for float64 inputs (as the torch
+    path's).
     Values holding a NaN or inf go to :func:`~selfattn.efficient.tiled.tiled_forward_torch`
     instead: in the kernel's ``p @ v``, 0 * NaN = NaN would reach queries the causal mask hides
     the value from, while the torch loop lets it reach only the queries that may see it.
@@ -109,7 +112,8 @@ def triton_forward(q, k, v, vis, scale: float, block_q: int = 64, block_k: int =
     k3 = k.reshape(BH, S, Dh).contiguous()
     v3 = v.reshape(BH, S, Dv).contiguous()
     out = torch.empty((BH, T, Dv), dtype=q.dtype, device=q.device)
-    lse = torch.empty((BH, T), dtype=torch.float32, device=q.device)
+    acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    lse = torch.empty((BH, T), dtype=acc_dtype, device=q.device)
     block_m = min(128, max(16, triton.next_power_of_2(block_q)))
     block_n = min(128, max(16, triton.next_power_of_2(block_k)))
     grid = (triton.cdiv(T, block_m), BH)
@@ -120,6 +124,7 @@ def triton_forward(q, k, v, vis, scale: float, block_q: int = 64, block_k: int =
         T, S, Dh, Dv, float(scale), int(vis.causal_offset or 0),
         CAUSAL=vis.causal_offset is not None, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=max(16, triton.next_power_of_2(Dh)), BLOCK_DV=max(16, triton.next_power_of_2(Dv)),
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
+        ACC=tl.float64 if acc_dtype == torch.float64 else tl.float32,
     )
     return out.reshape(*batch, T, Dv), lse.reshape(*batch, T)

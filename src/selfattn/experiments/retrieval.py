@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._validate import require_positive_int
+from .._validate import require_flag, require_positive_int
 from ..multihead import MHAConfig, MultiHeadAttention
 
 __all__ = [
@@ -144,6 +144,7 @@ class RetrievalModel(nn.Module):
         return torch.cat([pairs, query[:, None]], dim=1)  # (B, P, D) + (B, 1, D) -> (B, P + 1, D)
 
     def forward(self, batch: RetrievalBatch, *, return_weights: bool = False):
+        return_weights = require_flag("return_weights", return_weights)
         x = self.inputs(batch)  # (B, P + 1, D)
         # Every position may read the P pairs but not the query position: the query's own key
         # would match itself, and the answer must come from the dictionary.
@@ -194,6 +195,7 @@ def train_retrieval(
 
     Source: chapter 11 (claim 20).
     """
+    progress = require_flag("progress", progress)
     from tqdm.auto import tqdm
 
     steps = require_positive_int("steps", steps)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._validate import require_positive_int, require_rank, require_tensor, shape_of
+from .._validate import require_flag, require_positive_int, require_rank, require_tensor, shape_of
 from ..attention import scaled_dot_product_attention
 from ..block import TransformerBlock
 from ..data import random_windows
@@ -76,6 +76,7 @@ class GPT(TinyLM):
         return self.token_embedding(input_ids) + positions  # (B, T, D) + (T, D) -> (B, T, D)
 
     def forward(self, input_ids: torch.Tensor, *, return_weights: bool = False):
+        return_weights = require_flag("return_weights", return_weights)
         x = self._embed(input_ids, 0)  # (B, T, D)
         mask = causal_mask(input_ids.shape[1], device=x.device)  # (T, T): row i sees keys <= i
         weights = []
@@ -151,6 +152,8 @@ class GPT(TinyLM):
 
         Source: chapter 11.
         """
+        greedy = require_flag("greedy", greedy)
+        use_cache = require_flag("use_cache", use_cache)
         require_tensor("input_ids", input_ids)
         require_rank("input_ids", input_ids, 2, "(B, T0)")
         n_new = require_positive_int("max_new_tokens", max_new_tokens)
@@ -290,6 +293,7 @@ def train_lm(
 
     Source: chapter 11.
     """
+    progress = require_flag("progress", progress)
     from tqdm.auto import tqdm
 
     steps = require_positive_int("steps", steps)

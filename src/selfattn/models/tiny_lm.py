@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._validate import require_positive_int, require_rank, require_tensor, shape_of
+from .._validate import require_flag, require_positive_int, require_rank, require_tensor, shape_of
 from ..block import BlockConfig, TransformerBlock
 from ..data import random_windows
 from ..embeddings import TokenEmbedding
@@ -67,7 +67,7 @@ class TinyLM(nn.Module):
         ``input_ids[b, t]``.
 
     Raises:
-        TypeError / ValueError: ``input_ids`` not (B, T) integers in [0, V), T > block_size, or a
+        TypeError / ValueError: ``input_ids`` not (B, T) integers in [0, V), T = 0, T > block_size, or a
         bad mask (see :func:`selfattn.scaled_dot_product_attention`).
 
     Source: chapter 04 (Radford et al. 2018's decoder-only layout, with pre-norm blocks).
@@ -92,6 +92,8 @@ class TinyLM(nn.Module):
         require_tensor("input_ids", input_ids)
         require_rank("input_ids", input_ids, 2, "(B, T)")
         T = input_ids.shape[1]
+        if T == 0:
+            raise ValueError(f"input_ids must hold at least one token (T > 0); got shape {shape_of(input_ids)}")
         if T > self.config.block_size:
             raise ValueError(
                 f"input_ids may hold at most block_size={self.config.block_size} positions; "
@@ -134,6 +136,7 @@ def blind_next_token_loss(
 
     Source: chapter 04 (claim 12).
     """
+    causal = require_flag("causal", causal)
     from ..masks import causal_mask
 
     device = model.lm_head.weight.device
@@ -176,6 +179,7 @@ def train_next_token(
 
     Source: chapter 04.
     """
+    causal = require_flag("causal", causal)
     from ..masks import causal_mask
 
     steps = require_positive_int("steps", steps)

@@ -12,6 +12,7 @@ from .._validate import (
     require_array,
     require_bool_mask,
     require_broadcastable,
+    require_flag,
     require_min_rank,
     require_positive_int,
     require_qkv,
@@ -37,13 +38,17 @@ def softmax(x, axis: int = -1, mask=None) -> np.ndarray:
         when fully masked).
 
     Raises:
-        TypeError: ``x`` is not numeric or ``mask`` is not boolean.
-        ValueError: ``mask`` does not broadcast to ``x``.
+        TypeError: ``x`` is not numeric, ``mask`` is not boolean, ``axis`` is not an int.
+        ValueError: ``mask`` does not broadcast to ``x``; ``axis`` out of range for ``x``.
 
     Source: chapter 02; subtracting the maximum does not change the result because
     softmax(x) = softmax(x - c) for any constant c.
     """
     x = require_array("x", x)
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"axis must be an int (the axis that sums to one); got {axis!r} ({type(axis).__name__})")
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis must be in [-{x.ndim}, {x.ndim}) for x of shape {x.shape}; got {axis}")
     if mask is None:
         mask = np.ones(x.shape, dtype=bool)
     else:
@@ -62,7 +67,9 @@ def softmax(x, axis: int = -1, mask=None) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         e = np.where(mask, np.exp(x - row_max), 0.0)
         total = np.sum(e, axis=axis, keepdims=True)
-        return np.divide(e, total, out=np.zeros_like(e), where=total != 0)
+        weights = np.divide(e, total, out=np.zeros_like(e), where=total != 0)
+    # A NaN among a slice's visible entries makes its total NaN; the masked entries stay exactly 0.
+    return np.where(mask, weights, 0.0)
 
 
 def causal_mask(T: int, S: int | None = None, *, alignment: str | None = None) -> np.ndarray:
@@ -120,6 +127,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, bias=None, scale=None, r
 
     Source: chapter 03 (unmasked) and chapter 04 (masked).
     """
+    return_weights = require_flag("return_weights", return_weights)
     q, k, v = require_array("q", q), require_array("k", k), require_array("v", v)
     require_qkv(q, k, v)
     require_scale(scale)

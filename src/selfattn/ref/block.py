@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .._validate import require_array
+from .._validate import require_array, require_flag
 from .multihead import multi_head_attention
 
 __all__ = [
@@ -112,6 +112,7 @@ def post_norm_block(
 
     Source: Vaswani et al. 2017 section 3.1; chapter 07.
     """
+    return_weights = require_flag("return_weights", return_weights)
     _check_params(params)
     x = require_array("x", x)
     attn_out, weights = _attention(x, params, n_heads, mask)
@@ -130,6 +131,7 @@ def pre_norm_block(
 
     Source: Xiong et al. 2020; chapter 07.
     """
+    return_weights = require_flag("return_weights", return_weights)
     _check_params(params)
     x = require_array("x", x)
     attn_out, weights = _attention(

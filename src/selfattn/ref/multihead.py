@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validate import require_array, require_positive_int
+from .._validate import require_array, require_flag, require_positive_int
 from .attention import scaled_dot_product_attention
 
 __all__ = ["multi_head_attention"]
@@ -58,6 +58,7 @@ def multi_head_attention(
 
     Source: chapter 06.
     """
+    return_weights = require_flag("return_weights", return_weights)
     X_q, X_kv = require_array("X_q", X_q), require_array("X_kv", X_kv)
     for name, X, layout in (("X_q", X_q, "(B, T, D)"), ("X_kv", X_kv, "(B, S, D)")):
         if X.ndim != 3:

@@ -16,6 +16,7 @@ from .._validate import (
     require_array,
     require_bool_mask,
     require_broadcastable,
+    require_flag,
     require_min_rank,
     require_positive_int,
     require_qkv,
@@ -130,6 +131,7 @@ def online_attention(q, k, v, block_size: int = 4, *, mask=None, scale=None, ret
 
     Source: chapter 09; Dao et al. (2022), Algorithm 1 (one query block, key blocks in sequence).
     """
+    return_lse = require_flag("return_lse", return_lse)
     q, k, v = require_array("q", q), require_array("k", k), require_array("v", v)
     require_qkv(q, k, v)
     require_scale(scale)

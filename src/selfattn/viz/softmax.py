@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .. import ref
+from .._validate import require_flag
 from ..experiments.scaling import random_scores
 from . import describe
 
@@ -141,6 +142,8 @@ def scaling_view(d_head: int, *, show_unscaled: bool = True, show_scaled: bool =
     Unscaled scores spread out as d_head grows and their softmax puts nearly all weight on the top
     key; scaled scores keep variance 1 and the weights stay spread. Source: chapter 02 (claim 5).
     """
+    show_unscaled = require_flag("show_unscaled", show_unscaled)
+    show_scaled = require_flag("show_scaled", show_scaled)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("scores of random q, k", f"softmax over {n_keys} keys, sorted"))
     fig.add_traces(_scaling_traces(scaling_data(d_head, n_queries, n_keys, seed), show_unscaled, show_scaled))
     _scaling_layout(fig, d_head, n_keys)
