@@ -117,4 +117,6 @@ def setup(app):
     app.connect("html-page-context", _dedupe_scripts, priority=100)
     app.add_js_file(f"{VENDOR}/plotly.min.js", priority=100)
     app.add_css_file("selfattn.css")
+    # The keyboard twins of plotly's sliders and menus follow the figure's own controls (book/_static).
+    app.add_js_file("selfattn-controls-sync.js")
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -5,6 +5,12 @@
  *    book serves under _static/selfattn-vendor/ (book/_ext/selfattn_book.py).
  * 2. ipywidgets typesets labels with MathJax 2's API (MathJax.Hub.Queue); the book loads
  *    MathJax 3, so without this shim every widget label throws a TypeError.
+ * 3. The widgets on a static page are live-only: their callbacks need a kernel, so a slider
+ *    dragged here moved its readout and left its figure as it was. Every control of the embedded
+ *    widget state (the <script type="application/vnd.jupyter.widget-state+json"> that precedes
+ *    this file) gets ipywidgets' own `disabled` trait set before the manager reads it, and each
+ *    widget view is marked with a note that says where it works. The page's plotly figures, which
+ *    need no kernel, show the same views.
  */
 (function () {
   "use strict";
@@ -15,6 +21,38 @@
         new URL("_static/selfattn-vendor/html-manager/dist", root).href,
     },
   });
+  var NOTE = "Live explorer: its controls need a running kernel, so they are disabled on this page. " +
+    "Open the chapter in Jupyter, Colab or Binder to use them; the figures of this page show the same views.";
+  Array.prototype.forEach.call(
+    document.querySelectorAll('script[type="application/vnd.jupyter.widget-state+json"]'),
+    function (script) {
+      var spec;
+      try { spec = JSON.parse(script.textContent); } catch (err) { return; }
+      var models = (spec && spec.state) || {};
+      Object.keys(models).forEach(function (id) {
+        var state = models[id] && models[id].state;
+        if (state && Object.prototype.hasOwnProperty.call(state, "disabled")) state.disabled = true;
+      });
+      script.textContent = JSON.stringify(spec);
+    }
+  );
+  function markLiveOnly() {
+    Array.prototype.forEach.call(
+      document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]'),
+      function (view) {
+        var area = view.parentElement;
+        if (!area || area.classList.contains("selfattn-live-only")) return;
+        area.classList.add("selfattn-live-only");
+        var note = document.createElement("p");
+        note.className = "selfattn-live-note";
+        note.setAttribute("role", "note");
+        note.textContent = NOTE;
+        area.insertBefore(note, area.firstChild);
+      }
+    );
+  }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", markLiveOnly);
+  else markLiveOnly();
   document.addEventListener("DOMContentLoaded", function () {
     var mj = window.MathJax;
     if (!mj || mj.Hub) return;

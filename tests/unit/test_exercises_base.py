@@ -45,6 +45,13 @@ def test_feedback_html_escapes_and_colours():
     assert "#6e7781" in not_attempted("2.1")._repr_html_()
 
 
+def test_feedback_html_shows_code_spans_as_code_not_backticks():
+    box = not_attempted("2.1")._repr_html_()
+    assert "`" not in box
+    assert "<code>raise NotImplementedError</code>" in box
+    assert "<code>a &lt; b</code>" in failed("2.1", "use `a < b`")._repr_html_()
+
+
 def test_feedback_is_frozen():
     with pytest.raises(AttributeError):
         passed("x").ok = False

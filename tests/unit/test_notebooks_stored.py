@@ -54,6 +54,10 @@ def test_setup_cell_installs_from_the_configured_repository_on_colab_only(path):
     assert "manual_seed" in first and "pick_device" in first
 
 
+# The toggle of a hidden solution in the book; chapter 00 tells the reader to click it.
+SOLUTION_PROMPT = "Solution (click to show)"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_anatomy(path):
     nb = _load(path)
@@ -62,9 +66,24 @@ def test_anatomy(path):
     assert "Verified facts" in text
     exercises = re.findall(r"\*\*Exercise \d+\.\d+", text)
     assert len(exercises) >= 2, f"{path.name} has {len(exercises)} exercises"
-    solutions = [c for c in nb["cells"] if c["cell_type"] == "code" and "hide-input" in c["metadata"].get("tags", [])]
+    # A solution is hidden whole (input and its feedback: tag hide-cell), behind the toggle the
+    # prose names, with a hint (a dropdown) just before it.
+    cells = nb["cells"]
+    solutions = [i for i, c in enumerate(cells) if c["cell_type"] == "code" and "# @title Solution" in "".join(c["source"])]
     assert len(solutions) >= len(exercises)
-    for cell in solutions:
+    for i in solutions:
+        cell = cells[i]
         source = "".join(cell["source"])
         assert source.startswith("# @title Solution") and cell["metadata"].get("cellView") == "form"
+        assert "hide-cell" in cell["metadata"].get("tags", []), f"{path.name} cell {i}: its feedback shows the answer"
+        assert cell["metadata"].get("mystnb", {}).get("code_prompt_show") == SOLUTION_PROMPT
+        hint = "".join(cells[i - 1]["source"])
+        assert cells[i - 1]["cell_type"] == "markdown" and hint.startswith(":::{dropdown} Hint\n"), (
+            f"{path.name} cell {i}: no hint just before the solution"
+        )
         assert "assert " in source, "a solution cell asserts that its check passes"
+
+
+def test_chapter_00_names_the_solution_toggle():
+    text = _markdown(_load(ROOT / "notebooks" / "00_how_to_use.ipynb"))
+    assert f"*{SOLUTION_PROMPT}*" in text and "*Hint*" in text

@@ -125,3 +125,12 @@ def test_nearest_tokens_figure_buttons_switch_words():
     assert not single.layout.updatemenus and figure_description(single)
     with pytest.raises(ValueError, match="as many tokens as cosines"):
         nearest_tokens_figure({"bank": (["a"], [0.1, 0.2])})
+
+
+def test_nearest_tokens_bars_are_coloured_by_colour_strings_not_numbers():
+    """plotly.js picks the contrast of a bar's inside text from the bar's colour and logs
+    "WARN: Invalid color specifier" for every bar coloured by a number (chapter 01's console)."""
+    fig = nearest_tokens_figure({"bank": (["banks", "banking", "river"], [0.78, 0.66, 0.2])})
+    colours = fig.data[0].marker.color
+    assert len(colours) == 3 and all(isinstance(c, str) and c.startswith("rgb") for c in colours)
+    assert colours[0] != colours[-1]  # still coloured by the cosine

@@ -121,3 +121,12 @@ def test_live_explorer_builds_with_controls(rng):
     assert text.value == "hi" and [s.value for s in sliders.children] == [2, 3]
     assert [s.max for s in sliders.children] == [2, 3]
     assert calls[0] == "hi"
+
+
+def test_maps_have_no_fixed_width_and_fit_a_screen_in_height():
+    """A fixed width grown with T (1600 px at T = 40) ran past the book's text column."""
+    tokens = [f"t{i}" for i in range(40)]
+    w = np.full((2, 2, 40, 40), 1 / 40)
+    for fig in (attention_map_figure(tokens, w[0, 0]), layer_head_explorer_figure(tokens, w)):
+        assert fig.layout.width is None and fig.layout.autosize is True
+        assert fig.layout.height <= 1000

@@ -58,3 +58,11 @@ def test_scaling_figure_frames_and_view_agree():
         np.testing.assert_allclose(frame_trace.y, view_trace.y, atol=1e-12)
     assert figure_description(fig) and figure_description(view)
     assert len(fig.to_json()) < 300_000
+
+
+def test_scaling_figure_legend_is_above_the_plot_and_the_slider_below():
+    """The slider (below the plot) drew over a legend placed below the plot."""
+    fig = scaling_figure(d_heads=(4, 16), n_queries=20)
+    assert fig.layout.legend.y >= 1.0 and fig.layout.legend.yanchor == "bottom"
+    slider = fig.layout.sliders[0]
+    assert (slider.y if slider.y is not None else 0) <= 0 and (slider.yanchor or "top") == "top"

@@ -9,6 +9,7 @@ exception inside the learner's function becomes feedback that names it. Introduc
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -49,8 +50,13 @@ class Feedback:
         return (
             f'<div class="selfattn-feedback" style="border-left:4px solid {colour};padding:0.4em 0.8em;'
             f'margin:0.3em 0"><strong style="color:{colour}">{icon} Exercise {html.escape(self.exercise)}</strong>'
-            f"<br>{html.escape(self.message)}</div>"
+            f"<br>{_inline_code(self.message)}</div>"
         )
+
+
+def _inline_code(message: str) -> str:
+    """The message as HTML, with its Markdown-style `code` spans drawn as <code> (no literal backticks)."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(message))
 
 
 def passed(exercise: str, message: str = "Well done.") -> Feedback:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import plotly.colors as pcolors
 import plotly.graph_objects as go
 import torch
 
@@ -294,7 +295,9 @@ def _bars(tokens: Sequence[str], cosines: Sequence[float], visible: bool) -> go.
         y=list(tokens)[::-1],
         orientation="h",
         visible=visible,
-        marker={"color": list(cosines)[::-1], "colorscale": COLORSCALE, "cmin": 0, "cmax": 1},
+        # Colours as strings, not numbers on a colour scale: plotly.js picks the contrast of the text
+        # drawn inside a bar from the bar's colour and warns ("Invalid color specifier") on a number.
+        marker={"color": pcolors.sample_colorscale(COLORSCALE, [min(max(float(c), 0.0), 1.0) for c in cosines][::-1])},
         texttemplate="%{x:.2f}",
         hovertemplate="%{y}: cosine %{x:.3f}<extra></extra>",
     )

@@ -143,9 +143,12 @@ def _heatmap(tokens: Sequence[str], w: np.ndarray) -> go.Heatmap:
 
 
 def _map_layout(fig: go.Figure, title: str, T: int) -> None:
-    size = max(360, 34 * T + 160)
+    # No fixed width: the map fills the text column (plotly autosizes to it) on a phone and on a
+    # desktop; a fixed width grown with T ran past the column. The height grows with T up to a
+    # screenful.
+    size = min(max(360, 34 * T + 160), 760)
     fig.update_layout(
-        title=title, height=size + 60, width=size + 80, template="plotly_white",
+        title=title, height=size + 60, autosize=True, template="plotly_white",
         xaxis={"title": "key (attended to)", "tickangle": -45},
         yaxis={"title": "query (attending)", "autorange": "reversed"},
     )  # fmt: skip

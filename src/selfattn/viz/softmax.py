@@ -123,8 +123,10 @@ def _scaling_traces(data: dict, show_unscaled: bool = True, show_scaled: bool = 
 
 
 def _scaling_layout(fig: go.Figure, d_head: int, n_keys: int) -> None:
-    fig.update_layout(title=_scaling_title(d_head), height=460, template="plotly_white",
-                      legend={"orientation": "h", "y": -0.25})
+    # The legend sits above the panels: below them, the slider of scaling_figure would cover it.
+    fig.update_layout(title=_scaling_title(d_head), height=500, template="plotly_white",
+                      margin={"t": 130}, title_y=0.97, title_yanchor="top", title_yref="container",
+                      legend={"orientation": "h", "x": 0.0, "xanchor": "left", "y": 1.09, "yanchor": "bottom"})
     fig.update_xaxes(title_text="score", range=[-100, 100], row=1, col=1)
     fig.update_yaxes(title_text="density", range=[0, 0.45], row=1, col=1)
     fig.update_xaxes(title_text="rank of the weight in its row", range=[0.5, n_keys + 0.5], row=1, col=2)
