@@ -20,14 +20,11 @@ HTML = BUILD / "html"
 LOG = BUILD / "book-build.log"
 
 
-def _jupyter_book() -> str:
-    exe = Path(sys.executable).with_name("jupyter-book")
-    return str(exe) if exe.exists() else "jupyter-book"
-
-
 @pytest.fixture(scope="session")
 def book_build() -> subprocess.CompletedProcess:
-    """Run `jupyter-book build . -W -n --keep-going` from scratch; the log is kept in _build/.
+    """Run `jupyter-book build . -W -n --keep-going` from scratch, through scripts/build_book.py as
+    `make book` does (so that a failure ends with the notebook, cell and assertion); the log is kept
+    in _build/.
 
     Set SELFATTN_REUSE_BOOK=1 to test an already built `_build/html` (e.g. right after `make book`).
     """
@@ -37,7 +34,7 @@ def book_build() -> subprocess.CompletedProcess:
     shutil.rmtree(BUILD, ignore_errors=True)  # from scratch: every notebook is executed again
     BUILD.mkdir(exist_ok=True)
     proc = subprocess.run(
-        [_jupyter_book(), "build", str(ROOT), "-W", "-n", "--keep-going"],
+        [sys.executable, str(ROOT / "scripts" / "build_book.py"), str(ROOT), "-W", "-n", "--keep-going"],
         cwd=ROOT, capture_output=True, text=True, timeout=3600,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
     )
