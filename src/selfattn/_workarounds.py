@@ -15,10 +15,14 @@ is then computed to about half the bits: a relative error of 3.3e-9 in float64 a
 float32, against 1.1e-16 and 6e-8 with the right kernel. Measured with MKL 2024.2 in torch
 2.13.0, by writing the raw value into the global; ``tests/unit/test_workarounds.py`` repeats that.
 
-It happens only on the first VML call of a process, only when two threads enter it together, and
-only when one of them is descheduled inside that window, so on a busy machine it happens in a few
-runs out of a hundred. On AMD CPUs MKL's raw and mapped types are both 0, so it cannot happen
-there at all. Chapter 08 met it as a float64 difference of 1.6e-9 where 1e-12 was asserted.
+It happens only on the first VML call of a process, only when that call is split over two or more
+threads (ATen splits element-wise work of 32768 elements or more), and only when a thread is
+descheduled inside that window: the issue's reproduction showed it in 3 of 30 fresh processes on
+a busy machine, and chapter 08's float64 check (asserted to 1e-12) failed by 1.6e-9 in 2 of 3
+builds. Every raw type from 2 to 9 differs from its mapped one and so selects another row of the
+table; raw 8 and 9 (recent Intel CPUs) select EP kernels, measured above. On AMD CPUs MKL's raw
+and mapped types are both 0 (seen on the AMD EPYC this course is built on), so it cannot happen
+there.
 
 The work-around: run one VML call on this thread before any parallel one. A one-element tensor is
 below ATen's parallel grain size, so the call runs on this thread alone and leaves the global

@@ -205,7 +205,8 @@ def scaled_dot_product_attention(
         ``context`` (..., T, Dv) in the dtype of ``q``; with ``return_weights``, also ``weights``
         (..., T, S) (float32 for half-precision inputs). Queries with no visible key get zero rows.
         A NaN or inf stored at a query, key or value reaches neither the outputs nor the gradients
-        of the rows that may not see it, nor a key or value gradient through a hidden pair.
+        of the rows that ``mask`` hides it from, nor a key or value gradient through a pair that
+        ``mask`` hides (a pair hidden only by a -inf ``bias`` is not protected this way).
 
     Raises:
         TypeError: inputs not tensors or of different dtypes, a mask that is not boolean,

@@ -109,10 +109,14 @@ def test_row_multihead_attention_attn_mask():
     # is_causal is only a hint that comes with a mask: alone it is refused.
     with pytest.raises(RuntimeError):
         mha(x, x, x, is_causal=True)
-    # a fully blocked row gives NaN.
+    # a fully blocked row gives NaN with need_weights=True (the default) and zeros without
+    # (then nn.MultiheadAttention calls scaled_dot_product_attention).
     row = torch.zeros(3, 3, dtype=torch.bool)
     row[1] = True
     assert torch.isnan(mha(x, x, x, attn_mask=row)[0][:, 1]).all()
+    without_weights = mha(x, x, x, attn_mask=row, need_weights=False)[0]
+    assert torch.equal(without_weights[:, 1], torch.zeros_like(without_weights[:, 1]))
+    assert torch.isfinite(without_weights).all()
 
 
 def test_row_multihead_attention_key_padding_mask():
@@ -126,6 +130,8 @@ def test_row_multihead_attention_key_padding_mask():
     torch.testing.assert_close(mha(x, x, x, key_padding_mask=additive)[0], out, **TOL)
     all_padding = torch.tensor([[True, True, True], [False, False, False]])
     assert torch.isnan(mha(x, x, x, key_padding_mask=all_padding)[0][0]).all()
+    no_weights = mha(x, x, x, key_padding_mask=all_padding, need_weights=False)[0]
+    assert torch.equal(no_weights[0], torch.zeros_like(no_weights[0]))
     # Into this course's convention: ~padding as (B, 1, 1, S).
     assert torch.equal(selfattn.from_blocked_mask(padding)[:, None, None, :], (~padding)[:, None, None, :])
 
@@ -147,6 +153,13 @@ def test_row_hugging_face_attention_mask():
     torch.testing.assert_close(run.last_hidden_state[:, :3], other.last_hidden_state[:, :3], **TOL)
     # 1 = may attend: every real key gets weight.
     assert (run.attentions[0][..., :3] > 0).all()
+    # A float (B, S) mask is not added to the scores but read as real token / padding, like the int
+    # one: added, 2.0 / 0.0 would leave the padded key visible and change the real tokens' outputs.
+    with torch.no_grad():
+        as_float = model(input_ids=ids, attention_mask=torch.tensor([[2.0, 2.0, 2.0, 0.0]]))
+        as_bool = model(input_ids=ids, attention_mask=attention_mask.bool())
+    torch.testing.assert_close(as_float.last_hidden_state, run.last_hidden_state, **TOL)
+    torch.testing.assert_close(as_bool.last_hidden_state, run.last_hidden_state, **TOL)
     keep = selfattn.from_hf_attention_mask(attention_mask)
     assert keep.shape == (1, 1, 1, 4) and keep.dtype == torch.bool
     assert torch.equal(keep[0, 0, 0], torch.tensor([True, True, True, False]))

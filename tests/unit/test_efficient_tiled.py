@@ -368,10 +368,10 @@ def _errors(got, truth, q, k, v, d_out):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("magnitude", [1.0, 1e2, 1e3, 1e4, 1e5])
 def test_float32_at_large_logits_is_as_accurate_as_torch_sdpa(magnitude, causal):
-    # Regression: the tiled path multiplied the scores by log2(e) before subtracting the running
-    # maximum (rounding away their low bits at |s| ~ 1e5) and its backward recomputed them in
-    # another order than the forward: forward and backward (dV most) drifted to ~1e-2 relative while
-    # SDPA stays at float32 rounding. Now within 4x of SDPA's error, forward, dQ, dK, dV and lse.
+    # Regression: the backward converted the forward's base-2 lse to natural log and back (a rounding
+    # of ~|lse| * 1e-7: 1e-2 at |s| ~ 1e5) and recomputed the scores in another order than the
+    # forward, so P drifted and the gradients (dV most) reached ~1e-2 relative while SDPA stays at
+    # float32 rounding. Now within 4x of SDPA's error, forward, dQ, dK, dV and lse.
     gen = torch.Generator().manual_seed(int(math.log10(magnitude)) + 10 * causal)
     a = math.sqrt(magnitude)  # scores q.k / sqrt(64) have standard deviation `magnitude`
     q, k = (torch.randn(1, 4, 200, 64, generator=gen) * a for _ in range(2))

@@ -8,7 +8,7 @@
   through ``/proc/self/clear_refs``) while a function runs: sees everything, kernels included, but
   needs Linux. It counts memory the function newly touches, whatever the process freed before: the
   C allocator keeps freed blocks resident and hands them out again (glibc raises its mmap threshold
-  to the size of a freed block, up to 32 MiB, so later blocks come from the heap and stay there
+  to the size of a freed mmapped block, up to 32 MiB, so later blocks come from the heap and stay there
   once freed). A 64 MiB tensor could then be served from a 75 MiB hole left by earlier work, and
   the counter saw 1.6 MiB. So the free memory is returned to the system first (glibc's
   ``malloc_trim``), and reusing it costs fresh pages again.

@@ -41,8 +41,9 @@ DEFAULT_BLOCK_K = 512
 _HALF = (torch.float16, torch.bfloat16)
 # Scores are kept in base 2 (s log2 e: the queries are scaled by scale * log2 e) so that the tiles use exp2,
 # 2-3 times faster than exp on CPUs (FlashAttention does the same on GPUs), with no extra pass over a tile.
-# The backward is handed the forward's own base-2 lse: converting lse to natural log and back rounds it by
-# about |lse| * 1e-7, which at logits near 1e5 is 1e-2, and P = exp2(s - lse) would be off by as much.
+# The backward is handed the forward's own base-2 lse: converting lse to natural log and back adds a
+# rounding of about |lse| * 1e-7 (1e-2 at logits near 1e5), and P = exp2(s - lse2) would be off by as much.
+# (The Triton kernel works in natural log, so on that path the conversion remains: untested at such logits.)
 _LOG2E = 1.0 / math.log(2.0)
 _LN2 = math.log(2.0)
 
@@ -274,9 +275,11 @@ def tiled_backward_torch(q, k, v, out, lse2, d_out, vis: Visibility, scale: floa
     ``P = exp(S - lse)``: ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - rowsum(dO * O))``,
     ``dQ = dS K * scale``, ``dK = dS^T Q * scale``. A query with ``lse = -inf`` (no visible key) has
     ``P = 0`` and so contributes zero gradients. The scores are recomputed exactly as the torch
-    forward computed them (the same scaled queries, tiles and products), so that ``P`` is the
-    forward's bit for bit even where the logits are large. A NaN or inf stored at a query or key
-    reaches only the gradients of the pairs the mask lets see it.
+    forward computed them (the same scaled queries, tiles and products: the scores are the
+    forward's bit for bit), so ``P`` differs from the forward's weights only by the rounding of the
+    stored ``lse2`` (half a unit in its last place, about ``|lse2| * 6e-8`` in float32), as in
+    torch's own CPU flash backward. A NaN or inf stored at a query or key reaches only the
+    gradients of the pairs the mask lets see it.
     """
     T, S, Dh, Dv, lead = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.shape[:-2]
     work, dev = _work_dtype(q.dtype), q.device
