@@ -12,7 +12,9 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 # is looked up there (--no-deps): its own dependencies come from PyPI with the project's install.
 TORCH  ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
-BOOK_FLAGS := -W -n --keep-going
+# --all: every chapter is executed at every build, also after a change to src/ that Sphinx cannot see
+# (without it a second `make book` re-executes nothing and keeps outputs of the old package).
+BOOK_FLAGS := -W -n --keep-going --all
 
 .PHONY: book test test-fast lint bench clean vendor browser
 
@@ -46,7 +48,7 @@ vendor: $(VENV)/.vendor
 # The browser tests drive Debian's chromium (Playwright's own browser download is not used).
 # Installed when missing and we are root; otherwise tests/book skips them (and fails in CI).
 browser:
-	command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q && apt-get install -y -q chromium; } \
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q && apt-get install -y -q chromium; } \
 	  || echo "chromium is not installed and we are not root: the browser tests will be skipped (fail in CI)"
 
 # scripts/build_book.py runs `jupyter-book build` and, when a notebook fails, ends with the notebook,
