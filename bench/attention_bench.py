@@ -18,7 +18,7 @@ above the resident size just before the call, measured in a separate fresh proce
 implementation with ``MALLOC_MMAP_THRESHOLD_=65536`` so that freed tensors return to the OS; the
 inputs exist before the call and are not counted (the first size is run once before it is measured).
 ``OMP_WAIT_POLICY=PASSIVE`` is set unless given (see the comment at the import of torch). Configurations whose estimated memory exceeds
-the budget are skipped and marked as such. Chapter 08 loads the committed results file.
+the budget are skipped and marked as such. Chapter 09 loads the committed results file.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ float32, against 1.1e-16 and 6e-8 with the right kernel. Measured with MKL 2024.
 It happens only on the first VML call of a process, only when that call is split over two or more
 threads (ATen splits element-wise work of 32768 elements or more), and only when a thread is
 descheduled inside that window: the issue's reproduction showed it in 3 of 30 fresh processes on
-a busy machine, and chapter 08's float64 check (asserted to 1e-12) failed by 1.6e-9 in 2 of 3
+a busy machine, and chapter 09's float64 check (asserted to 1e-12) failed by 1.6e-9 in 2 of 3
 builds. Every raw type from 2 to 9 differs from its mapped one and so selects another row of the
 table; raw 8 and 9 (recent Intel CPUs) select EP kernels, measured above. On AMD CPUs MKL's raw
 and mapped types are both 0 (seen on the AMD EPYC this course is built on), so it cannot happen
@@ -26,7 +26,7 @@ there.
 
 The work-around: run one VML call on this thread before any parallel one. A one-element tensor is
 below ATen's parallel grain size, so the call runs on this thread alone and leaves the global
-set. Once it is set, no thread writes it again. Source: chapter 08 (its box "Why a float64 check
+set. Once it is set, no thread writes it again. Source: chapter 09 (its box "Why a float64 check
 once failed").
 """
 

@@ -9,7 +9,7 @@
 - The keyboard twins of plotly's sliders and menus (``selfattn.viz``'s renderer) stay in step with
   every plotly control, in both directions.
 - The ipywidgets explorers, live-only, are disabled and marked on the static page.
-- Prose about a number measured at build time follows that number (chapter 08's time slope).
+- Prose about a number measured at build time follows that number (chapter 09's time slope).
 
 Pages are loaded once per width (every non-localhost request blocked) and measured in one go;
 the tests below read those measurements.
@@ -344,11 +344,11 @@ def test_live_only_widget_controls_are_disabled_and_marked(browser, site_url, pa
 # --- Numbers measured at build time ---------------------------------------------------------------
 
 
-def test_chapter_08_time_sentence_follows_the_measured_slope(built_html):
-    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", (built_html / "notebooks" / "08_parallel_and_quadratic.html").read_text()))
+def test_chapter_09_time_sentence_follows_the_measured_slope(built_html):
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", (built_html / "notebooks" / "09_parallel_and_quadratic.html").read_text()))
     printed = re.search(r"naive time \(ms\): \[[^\]]*\] slope (-?\d+\.\d+)", text)
     said = re.search(r"Measured time slope: (-?\d+\.\d+) , (below 2|close to 2|above 2)", text)
-    assert printed and said, "chapter 08 prints the time slope and states it in a sentence"
+    assert printed and said, "chapter 09 prints the time slope and states it in a sentence"
     slope = float(printed.group(1))
     assert float(said.group(1)) == slope
     expected = "below 2" if slope < 1.8 else ("close to 2" if slope <= 2.2 else "above 2")

@@ -3,147 +3,109 @@
 import numpy as np
 import torch
 
+from selfattn.efficient import linear_attention, sliding_window_mask
 from selfattn.exercises import ch09
 
 
-def solution_merge(m1, l1, m2, l2):
-    m = np.maximum(m1, m2)
-    shift = np.where(np.isfinite(m), m, 0.0)  # a row that has seen nothing: avoid -inf - -inf
-    return m, l1 * np.exp(m1 - shift) + l2 * np.exp(m2 - shift)
+def solution_recurrent(q, k, v):
+    phi_q, phi_k = ch09.elu_plus_one(q), ch09.elu_plus_one(k)
+    state, z, out = np.zeros((q.shape[1], v.shape[1])), np.zeros(q.shape[1]), []
+    for i in range(q.shape[0]):
+        state = state + np.outer(phi_k[i], v[i])
+        z = z + phi_k[i]
+        out.append(phi_q[i] @ state / (phi_q[i] @ z + 1e-6))
+    return np.array(out)
 
 
-def solution_online(q, k, v, block_size):
-    m, l = np.full(q.shape[0], -np.inf), np.zeros(q.shape[0])
-    acc = np.zeros((q.shape[0], v.shape[1]))
-    for start in range(0, k.shape[0], block_size):
-        s = q @ k[start:start + block_size].T / np.sqrt(q.shape[1])
-        m_new = np.maximum(m, s.max(axis=-1))
-        p = np.exp(s - m_new[:, None])
-        correction = np.exp(m - m_new)
-        l = l * correction + p.sum(axis=-1)
-        acc = acc * correction[:, None] + p @ v[start:start + block_size]
-        m = m_new
-    return acc / l[:, None]
+def test_reference_recurrent_solution_passes_and_matches_the_package():
+    assert ch09.check_linear_recurrent(solution_recurrent)
+    rng = np.random.default_rng(0)
+    q, k, v = rng.normal(size=(6, 3)), rng.normal(size=(6, 3)), rng.normal(size=(6, 2))
+    expected = linear_attention(*(torch.from_numpy(x) for x in (q, k, v)), causal=True).numpy()
+    np.testing.assert_allclose(solution_recurrent(q, k, v), expected, rtol=1e-10)
 
 
-def test_merge_solution_passes():
-    assert ch09.check_merge_states(solution_merge)
+def test_recurrent_non_causal_is_caught():
+    def non_causal(q, k, v):
+        phi_q, phi_k = ch09.elu_plus_one(q), ch09.elu_plus_one(k)
+        state, z = phi_k.T @ v, phi_k.sum(0)
+        return np.array([phi_q[i] @ state / (phi_q[i] @ z + 1e-6) for i in range(q.shape[0])])
+
+    feedback = ch09.check_linear_recurrent(non_causal)
+    assert not feedback and "after i" in feedback.message
 
 
-def test_merge_without_rescaling_is_caught():
-    feedback = ch09.check_merge_states(lambda m1, l1, m2, l2: (np.maximum(m1, m2), l1 + l2))
-    assert not feedback and "without rescaling" in feedback.message
+def test_recurrent_missing_normalizer_is_caught():
+    def no_norm(q, k, v):
+        phi_q, phi_k = ch09.elu_plus_one(q), ch09.elu_plus_one(k)
+        state, out = np.zeros((q.shape[1], v.shape[1])), []
+        for i in range(q.shape[0]):
+            state = state + np.outer(phi_k[i], v[i])
+            out.append(phi_q[i] @ state)
+        return np.array(out)
+
+    feedback = ch09.check_linear_recurrent(no_norm)
+    assert not feedback and "normalizer" in feedback.message
 
 
-def test_merge_nan_for_empty_block_is_caught():
-    def naive_shift(m1, l1, m2, l2):
-        m = np.maximum(m1, m2)
-        with np.errstate(invalid="ignore"):
-            return m, l1 * np.exp(m1 - m) + l2 * np.exp(m2 - m)  # -inf - -inf = nan for an empty row
+def test_recurrent_without_feature_map_is_caught():
+    def raw(q, k, v):
+        state, z, out = np.zeros((q.shape[1], v.shape[1])), np.zeros(q.shape[1]), []
+        for i in range(q.shape[0]):
+            state, z = state + np.outer(k[i], v[i]), z + k[i]
+            out.append(q[i] @ state / (q[i] @ z + 1e-6))
+        return np.array(out)
 
-    def upside_down(m1, l1, m2, l2):
-        m = np.maximum(m1, m2)
-        with np.errstate(over="ignore", invalid="ignore"):
-            return m, l1 * np.exp(m - m1) + l2 * np.exp(m - m2)
-
-    for fn in (naive_shift, upside_down):
-        feedback = ch09.check_merge_states(fn)
-        assert not feedback and "NaN or inf" in feedback.message, feedback.message
+    feedback = ch09.check_linear_recurrent(raw)
+    assert not feedback and "feature map" in feedback.message
 
 
-def test_merge_wrong_max_and_wrong_type():
-    feedback = ch09.check_merge_states(lambda m1, l1, m2, l2: (m1 + m2, l1))
-    assert not feedback and "maximum m is wrong" in feedback.message
-    feedback = ch09.check_merge_states(lambda m1, l1, m2, l2: m1)
-    assert not feedback and "pair" in feedback.message
+def test_recurrent_not_attempted_and_crash():
+    def stub(q, k, v):
+        raise NotImplementedError
+
+    assert not ch09.check_linear_recurrent(stub).attempted
+    feedback = ch09.check_linear_recurrent(lambda q, k, v: q @ v)
+    assert not feedback and "raised" in feedback.message
 
 
-def test_online_solution_passes():
-    assert ch09.check_online_attention(solution_online)
+def test_window_solution_passes_and_equals_the_package():
+    def solution(T, window):
+        i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        return (j <= i) & (j > i - window)
+
+    assert ch09.check_sliding_window_mask(solution)
+    assert torch.equal(solution(9, 3), sliding_window_mask(9, 3))
 
 
-def test_online_mistakes_are_named():
-    def no_rescale(q, k, v, b):
-        m, l, acc = np.full(q.shape[0], -np.inf), np.zeros(q.shape[0]), np.zeros((q.shape[0], v.shape[1]))
-        for start in range(0, k.shape[0], b):
-            s = q @ k[start:start + b].T / np.sqrt(q.shape[1])
-            m = np.maximum(m, s.max(-1))
-            p = np.exp(s - m[:, None])
-            l, acc = l + p.sum(-1), acc + p @ v[start:start + b]
-        return acc / l[:, None]
+def test_window_off_by_one_two_sided_polarity_and_dtype_are_caught():
+    def off_by_one(T, w):
+        i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        return (j <= i) & (j >= i - w)
 
-    def drop_last(q, k, v, b):
-        n = (k.shape[0] // b) * b
-        return solution_online(q, k[:n], v[:n], b)
+    def two_sided(T, w):
+        i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        return (i - j).abs() < w
 
-    def per_block(q, k, v, b):
-        outs = []
-        for start in range(0, k.shape[0], b):
-            s = q @ k[start:start + b].T / np.sqrt(q.shape[1])
-            w = np.exp(s - s.max(-1, keepdims=True))
-            outs.append(w / w.sum(-1, keepdims=True) @ v[start:start + b])
-        return np.mean(outs, axis=0)
+    def reversed_polarity(T, w):
+        return ~sliding_window_mask(T, w)
 
-    for fn, words in ((no_rescale, "exp(m_old - m_new)"), (drop_last, "last block"), (per_block, "normalised each")):
-        feedback = ch09.check_online_attention(fn)
+    def as_float(T, w):
+        return sliding_window_mask(T, w).float()
+
+    for fn, words in ((off_by_one, "Off by one"), (two_sided, "two-sided"), (reversed_polarity, "polarity"),
+                      (as_float, "boolean")):
+        feedback = ch09.check_sliding_window_mask(fn)
         assert not feedback and words in feedback.message, (fn.__name__, feedback.message)
 
 
-def test_online_not_attempted():
-    def stub(q, k, v, b):
-        raise NotImplementedError
+def test_sliding_window_mask_follows_the_one_mask_dtype_rule():
+    # Regression: 8.2 had its own dtype rule and accepted a list of 0/1 ints that 4.1 and 5.1 refuse.
+    def as_int_list(T, window):
+        return [[int(i - window < j <= i) for j in range(T)] for i in range(T)]
 
-    assert not ch09.check_online_attention(stub).attempted
-
-
-def test_merge_nan_on_both_empty_rows_says_use_shift_zero():
-    """The textbook merge gives NaN only where both maxima are -inf: the feedback must say what to do
-    there (shift by 0), not repeat exp(m_i - m), which the learner already did."""
-
-    def textbook(m1, l1, m2, l2):
-        m = np.maximum(m1, m2)
-        with np.errstate(invalid="ignore"):
-            return m, l1 * np.exp(m1 - m) + l2 * np.exp(m2 - m)
-
-    feedback = ch09.check_merge_states(textbook)
-    assert not feedback, feedback.message
-    assert "both maxima are -inf" in feedback.message and "shift of 0" in feedback.message, feedback.message
-    assert "never" not in feedback.message, feedback.message
-
-
-def test_online_attention_accepts_float32_and_says_close():
-    def float32(q, k, v, block_size):  # right, but in float32: off by ~1e-7
-        q, k, v = (torch.from_numpy(x).float() for x in (q, k, v))
-        return torch.softmax(q @ k.T / q.shape[-1] ** 0.5, dim=-1) @ v  # (T, Dh) @ (Dh, S) @ (S, Dv)
-
-    def with_eps(q, k, v, block_size):  # an epsilon in the final division: off by ~1e-4
-        return solution_online(q, k, v, block_size) * (1 - 1e-4)
-
-    assert ch09.check_online_attention(float32)
-    feedback = ch09.check_online_attention(with_eps)
-    assert not feedback and "Close" in feedback.message and "1e-05" in feedback.message, feedback.message
-
-
-def test_online_attention_refuses_an_answer_that_builds_all_the_scores():
-    # Regression: plain full-softmax attention passed 9.2 and was praised for "never holding a whole
-    # row of scores".
-    def full(q, k, v, block_size):
-        s = q @ k.T / np.sqrt(q.shape[1])
-        e = np.exp(s - s.max(1, keepdims=True))
-        return e / e.sum(1, keepdims=True) @ v
-
-    feedback = ch09.check_online_attention(full)
-    assert not feedback and "not online" in feedback.message and "MiB" in feedback.message
-
-    def copies_then_online(q, k, v, block_size):  # copying the inputs is not holding the scores
-        return solution_online(q.copy(), k.copy(), v.copy(), block_size)
-
-    assert ch09.check_online_attention(copies_then_online)
-    import tracemalloc  # a caller's own tracing is left running
-
-    tracemalloc.start()
-    try:
-        assert not ch09.check_online_attention(full)
-        assert tracemalloc.is_tracing()
-    finally:
-        tracemalloc.stop()
+    fb = ch09.check_sliding_window_mask(as_int_list)
+    assert not fb.ok and "Return a boolean tensor" in fb.message
+    assert ch09.check_sliding_window_mask(
+        lambda T, w: [[i - w < j <= i for j in range(T)] for i in range(T)]
+    ).ok

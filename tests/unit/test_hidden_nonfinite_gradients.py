@@ -198,7 +198,7 @@ def test_cached_attention_keeps_hidden_nonfinite_out_of_gradients(where, pos, ba
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("where,pos", [("k", 4), ("q", 4), ("v", 4), ("k", 0), ("q", 8)])
 def test_sliding_window_paths_keep_hidden_nonfinite_out_of_gradients(where, pos, bad, blocks, causal):
-    # the banded structure of chapter 08: tiles outside the band skipped, the band's edges cut
+    # the banded structure of chapter 09: tiles outside the band skipped, the band's edges cut
     keep = sliding_window_mask(T, 3, causal=causal)
     q, k, v, g = _inputs()
     corrupted = {"q": q.clone(), "k": k.clone(), "v": v.clone()}

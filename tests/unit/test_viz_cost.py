@@ -1,4 +1,4 @@
-"""Figure builders of chapters 08-09: data, frames and descriptions."""
+"""Figure builders of chapters 09-10: data, frames and descriptions."""
 
 import numpy as np
 import pytest

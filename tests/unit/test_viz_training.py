@@ -1,4 +1,4 @@
-"""Chapter 11's figures: the loss curve and the retrieval frames hold the data they were given."""
+"""Chapter 12's figures: the loss curve and the retrieval frames hold the data they were given."""
 
 from __future__ import annotations
 

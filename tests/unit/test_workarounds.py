@@ -5,7 +5,7 @@ be waited for in a test. Instead these tests read and write the global that MKL'
 ``mkl_vml_serv_cpu_detect`` keeps (a static symbol of libtorch_cpu.so, found in its ELF symbol
 table), each in a fresh Python process:
 - with the raw value a racing thread can read on an AVX-512 Xeon, exp is computed by the low-accuracy
-  kernels (the defect, seen as chapter 08's 1.6e-9 float64 difference);
+  kernels (the defect, seen as chapter 09's 1.6e-9 float64 difference);
 - after ``import selfattn`` the global is already set, so no later call can race (the work-around:
   this test fails if ``initialise_mkl_vml`` is removed).
 """

@@ -1,4 +1,4 @@
-"""What attention costs, and exact attention that scales (chapters 08-09).
+"""What attention costs, and exact attention that scales (chapters 09-10).
 
 - :func:`tiled_attention`: exact attention by tiles with the online softmax (FlashAttention),
   memory linear in length; the Triton kernel on CUDA.

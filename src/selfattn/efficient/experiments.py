@@ -1,4 +1,4 @@
-"""Small experiments of chapters 08-09: real queries/keys/values, a lookup task, errors of variants.
+"""Small experiments of chapters 09-10: real queries/keys/values, a lookup task, errors of variants.
 
 Kept here (not in the notebooks) so that the chapter and its claim tests run the same code.
 """
@@ -26,7 +26,7 @@ def minilm_qkv(n_tokens: int = 128, layer: int = 0):
     Raises:
         ValueError: ``n_tokens`` not in [1, 512] or ``layer`` not in [0, 5].
 
-    Source: chapter 08 (claim 18).
+    Source: chapter 09 (claim 18).
     """
     from ..data import load_corpus
     from ..pretrained import load_minilm
@@ -60,7 +60,7 @@ def variant_errors(q, k, v, windows=(4, 16, 64), causal: bool = True) -> dict[st
     """Relative error of each approximate variant against exact attention on the same inputs.
 
     Returns a dict: ``"window=w"`` for each sliding window and ``"linear (elu+1)"``.
-    Source: chapter 08 (claim 18).
+    Source: chapter 09 (claim 18).
     """
     causal = require_flag("causal", causal)
     T = q.shape[-2]
@@ -79,7 +79,7 @@ def lookup_task(T: int = 64, d_head: int = 32, seed: int = 0):
     Returns:
         ``(q, k, v, targets)``: (T, d_head), (T, d_head), (T, T) float64 and (T,) int64.
 
-    Source: chapter 08 (claim 18: the approximation visibly fails).
+    Source: chapter 09 (claim 18: the approximation visibly fails).
     """
     T, d_head = require_positive_int("T", T), require_positive_int("d_head", d_head)
     g = torch.Generator().manual_seed(seed)
@@ -97,6 +97,6 @@ def target_weight(out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def fitted_slope(sizes, values) -> float:
     """Least-squares slope of ``log(values)`` against ``log(sizes)``: the exponent p in
-    ``value ~ size^p`` (2 quadratic, 1 linear). Source: chapter 08 (claim 16)."""
+    ``value ~ size^p`` (2 quadratic, 1 linear). Source: chapter 09 (claim 16)."""
     x, y = np.log(np.asarray(sizes, dtype=float)), np.log(np.asarray(values, dtype=float))
     return float(np.polyfit(x, y, 1)[0])

@@ -1,4 +1,4 @@
-"""A key/value cache for decoding one token at a time (chapter 09).
+"""A key/value cache for decoding one token at a time (chapter 10).
 
 When a causal model generates, the keys and values of earlier positions do not change, so they are
 kept and only the new position's are computed: each step costs O(S) instead of O(S^2). The new
@@ -95,7 +95,7 @@ def cached_attention(q_new, k_new, v_new, cache: KVCache, *, scale: float | None
         ValueError also if ``q_new`` and ``k_new`` differ in T_new. A call that raises leaves the
         cache unchanged.
 
-    Source: chapter 09.
+    Source: chapter 10.
     """
     if not isinstance(cache, KVCache):
         raise TypeError(f"cache must be a selfattn.efficient.KVCache (start with KVCache()); got {type(cache).__name__}")

@@ -1,4 +1,4 @@
-"""Peak memory of a computation, counted in two honest ways (chapters 08-09 and ``bench/``).
+"""Peak memory of a computation, counted in two honest ways (chapters 09-10 and ``bench/``).
 
 - :func:`peak_tensor_bytes`: the largest total size of tensors created by PyTorch operations and
   alive at the same time while a function runs. Exact, portable and deterministic (a
@@ -60,7 +60,7 @@ def peak_tensor_bytes(fn, *args, **kwargs) -> tuple[int, object]:
     """Run ``fn(*args, **kwargs)``; return ``(peak bytes of tensors it created, its result)``.
 
     Tensors that exist before the call (the inputs) are not counted; the result is (it is alive at
-    the end). Source: chapter 08.
+    the end). Source: chapter 09.
     """
     tracker = _LiveTensorBytes()
     with tracker:

@@ -8,7 +8,7 @@ linear in the sequence length. Tiles that a causal or sliding-window mask hides 
 
 The backward pass is FlashAttention-2's (Dao 2023, Algorithm 2): it recomputes each tile's weights
 from the saved log-sum-exp instead of storing them, so training memory is linear too.
-Introduced in chapter 09.
+Introduced in chapter 10.
 """
 
 from __future__ import annotations
@@ -437,7 +437,7 @@ def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str 
         device than ``q``, a bad scale or
         block size, ``alignment`` missing when causal with T != S, or given without ``causal``.
 
-    Source: chapter 09; Dao et al. (2022), FlashAttention, Algorithm 1; backward Dao (2023),
+    Source: chapter 10; Dao et al. (2022), FlashAttention, Algorithm 1; backward Dao (2023),
     FlashAttention-2, Algorithm 2.
     """
     return_lse = require_flag("return_lse", return_lse)

@@ -7,7 +7,7 @@ masking stops the key loop at the diagonal, so fully masked tiles are never load
 
 It runs natively on a CUDA GPU and, for tests, on the CPU through Triton's interpreter
 (``TRITON_INTERPRET=1`` set before ``triton`` is imported). :func:`selfattn.efficient.tiled_attention`
-picks it for CUDA tensors. Introduced in chapter 09.
+picks it for CUDA tensors. Introduced in chapter 10.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Approximate attention: a sliding window (sparse) and kernelized linear attention.
 
-Both change the result of exact softmax attention, by an amount chapter 08 measures (claim 18):
+Both change the result of exact softmax attention, by an amount chapter 09 measures (claim 18):
 the window hides every key farther than ``window`` positions; linear attention replaces
-``exp(q . k)`` by ``phi(q) . phi(k)``, which cannot be as sharp. Introduced in chapter 08.
+``exp(q . k)`` by ``phi(q) . phi(k)``, which cannot be as sharp. Introduced in chapter 09.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def sliding_window_mask(T: int, window: int, *, causal: bool = True, device=None
     Raises:
         TypeError / ValueError: ``T`` or ``window`` not a positive int, ``causal`` not a bool.
 
-    Source: chapter 08.
+    Source: chapter 09.
     """
     T, window = require_positive_int("T", T), require_positive_int("window", window)
     causal = require_flag("causal", causal)
@@ -74,7 +74,7 @@ def sliding_window_attention(q, k, v, window: int, causal: bool = True, *, scale
     Raises:
         ValueError: T != S, or the errors of ``selfattn.scaled_dot_product_attention``.
 
-    Source: chapter 08.
+    Source: chapter 09.
     """
     require_attention_tensors(q, k, v)
     _require_self_attention(q, k, "sliding_window_attention")
@@ -94,7 +94,7 @@ def sliding_window_tiled_attention(q, k, v, window: int, causal: bool = True, *,
     Raises:
         ValueError: T != S, bad window or block sizes, and the errors of ``tiled_attention``.
 
-    Source: chapter 08; the tiles are those of :func:`selfattn.efficient.tiled_attention`.
+    Source: chapter 09; the tiles are those of :func:`selfattn.efficient.tiled_attention`.
     """
     scale = validate_attention_inputs(q, k, v, None, scale)
     _require_self_attention(q, k, "sliding_window_tiled_attention")
@@ -152,7 +152,7 @@ def linear_attention(q, k, v, feature_map="elu+1", causal: bool = False, *, eps:
         bool. ValueError: mismatched shapes or devices, an unknown feature map, causal with T != S,
         a negative or non-finite ``eps``.
 
-    Source: chapter 08.
+    Source: chapter 09.
     """
     q, k, v, eps, dtype = _linear_inputs(q, k, v, eps)
     phi = _feature_map(feature_map)
@@ -182,7 +182,7 @@ def linear_attention_recurrent(q, k, v, feature_map="elu+1", *, eps: float = 1e-
     Raises:
         The errors of :func:`linear_attention`.
 
-    Source: chapter 08.
+    Source: chapter 09.
     """
     q, k, v, eps, dtype = _linear_inputs(q, k, v, eps)
     _require_self_attention(q, k, "linear_attention_recurrent")

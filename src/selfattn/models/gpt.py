@@ -8,7 +8,7 @@ the causal mask is applied inside :meth:`GPT.forward` (a decoder never reads the
 attention weights of every layer can be returned, and :meth:`GPT.generate` decodes with or without
 a :class:`~selfattn.efficient.KVCache` per layer, giving the same tokens either way.
 
-Introduced in chapter 11 (Radford et al. 2018's decoder-only layout, with pre-norm blocks).
+Introduced in chapter 12 (Radford et al. 2018's decoder-only layout, with pre-norm blocks).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class GPT(TinyLM):
         T > block_size.
 
     Source: Radford et al. 2018 (decoder-only); Vaswani et al. 2017 section 3.2.3 (causal mask);
-    chapter 11.
+    chapter 12.
     """
 
     def _embed(self, input_ids: torch.Tensor, start: int) -> torch.Tensor:
@@ -104,7 +104,7 @@ class GPT(TinyLM):
         Raises:
             ValueError: the wrong number of caches, or the positions exceed block_size.
 
-        Source: chapter 09 (the cache), chapter 11.
+        Source: chapter 10 (the cache), chapter 12.
         """
         if len(caches) != len(self.blocks):
             raise ValueError(
@@ -150,7 +150,7 @@ class GPT(TinyLM):
             TypeError / ValueError: bad ``input_ids``; ``max_new_tokens`` not a positive int;
             ``temperature`` <= 0; a result longer than block_size.
 
-        Source: chapter 11.
+        Source: chapter 12.
         """
         greedy = require_flag("greedy", greedy)
         use_cache = require_flag("use_cache", use_cache)
@@ -243,7 +243,7 @@ def evaluate_loss(
     Raises:
         TypeError / ValueError: as :func:`selfattn.data.random_windows`.
 
-    Source: chapter 11.
+    Source: chapter 12.
     """
     require_positive_int("batches", batches)
     generator = torch.Generator().manual_seed(seed)
@@ -291,7 +291,7 @@ def train_lm(
     Raises:
         TypeError / ValueError: sizes not positive ints; ids too short for one window.
 
-    Source: chapter 11.
+    Source: chapter 12.
     """
     progress = require_flag("progress", progress)
     from tqdm.auto import tqdm
@@ -344,7 +344,7 @@ def unigram_cross_entropy(train_ids: torch.Tensor, val_ids: torch.Tensor, vocab_
     Raises:
         TypeError / ValueError: ids not 1-D integer tensors; ``vocab_size`` not a positive int.
 
-    Source: chapter 11.
+    Source: chapter 12.
     """
     for name, ids in (("train_ids", train_ids), ("val_ids", val_ids)):
         require_tensor(name, ids)

@@ -5,7 +5,7 @@ The online softmax (Milakov and Gimelshein 2018) keeps a *running* maximum ``m``
 ``l`` of ``exp(x - m)``; when a new block raises the maximum, everything accumulated so far is
 rescaled by ``exp(m_old - m_new)``. Attention accumulates ``exp(s - m) @ V`` the same way, so the
 full (T, S) score matrix never exists (Dao et al. 2022, FlashAttention, Algorithm 1). This is the
-readable oracle for :func:`selfattn.efficient.tiled_attention`. Introduced in chapter 09.
+readable oracle for :func:`selfattn.efficient.tiled_attention`. Introduced in chapter 10.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class OnlineSoftmaxState:
     """Running maximum ``m`` and running sum ``l = sum exp(x - m)`` of the entries seen so far.
 
     Both have the shape of the rows (the input's shape without its last axis). Before any entry,
-    ``m = -inf`` and ``l = 0``. Source: chapter 09; Milakov and Gimelshein (2018), Algorithm 3.
+    ``m = -inf`` and ``l = 0``. Source: chapter 10; Milakov and Gimelshein (2018), Algorithm 3.
     """
 
     def __init__(self, row_shape: tuple[int, ...]):
@@ -70,7 +70,7 @@ def online_softmax(x, block_size: int = 4, axis: int = -1) -> np.ndarray:
     Raises:
         TypeError: non-numeric ``x``. ValueError: ``block_size`` not a positive int.
 
-    Source: chapter 09; Milakov and Gimelshein (2018).
+    Source: chapter 10; Milakov and Gimelshein (2018).
     """
     x = np.moveaxis(require_array("x", x), axis, -1)
     block_size = require_positive_int("block_size", block_size)
@@ -85,7 +85,7 @@ def online_softmax(x, block_size: int = 4, axis: int = -1) -> np.ndarray:
 
 def logsumexp(x, axis: int = -1) -> np.ndarray:
     """``log sum exp(x)`` along ``axis``, stably (``max + log sum exp(x - max)``); ``-inf`` for an
-    all ``-inf`` slice. The quantity tiled attention returns per query row. Source: chapter 09."""
+    all ``-inf`` slice. The quantity tiled attention returns per query row. Source: chapter 10."""
     x = require_array("x", x)
     if x.shape[axis] == 0:  # the log of an empty sum: -inf, like an all -inf slice (and torch.logsumexp)
         return np.full(np.delete(np.array(x.shape), axis % x.ndim).tolist(), -np.inf)
@@ -129,7 +129,7 @@ def online_attention(q, k, v, block_size: int = 4, *, mask=None, scale=None, ret
         TypeError / ValueError: as ``ref.scaled_dot_product_attention``; ``block_size`` not a
         positive int.
 
-    Source: chapter 09; Dao et al. (2022), Algorithm 1 (one query block, key blocks in sequence).
+    Source: chapter 10; Dao et al. (2022), Algorithm 1 (one query block, key blocks in sequence).
     """
     return_lse = require_flag("return_lse", return_lse)
     q, k, v = require_array("q", q), require_array("k", k), require_array("v", v)

@@ -1,4 +1,4 @@
-"""Figure builders for chapters 08-09: what attention costs, and the tiles of FlashAttention.
+"""Figure builders for chapters 09-10: what attention costs, and the tiles of FlashAttention.
 
 Builders return plotly Figures (never show them). The static figures carry buttons or a slider, so a
 reader of the book explores them with no kernel; the single-view builders (``*_view``) are what
@@ -47,7 +47,7 @@ def scaling_view(sizes, series: dict, quantity: str, unit: str) -> go.Figure:
     """Log-log lines of ``series`` (name -> one value per size, None where not measured) against
     ``sizes``; each legend entry gives its fitted slope (2 means quadratic, 1 linear).
 
-    Source: chapter 08 (claim 16)."""
+    Source: chapter 09 (claim 16)."""
     fig = go.Figure(_scaling_traces(sizes, series))
     _loglog_layout(fig, f"{quantity} against sequence length", unit)
     return describe(fig, f"Log-log plot of {quantity} ({unit}) against sequence length for "
@@ -58,7 +58,7 @@ def scaling_figure(sizes, panels: dict[str, tuple[dict, str]]) -> go.Figure:
     """Several :func:`scaling_view` panels in one figure with buttons to switch between them (works
     with no kernel). ``panels``: quantity -> (series, unit).
 
-    Source: chapter 08 (claim 16)."""
+    Source: chapter 09 (claim 16)."""
     fig = go.Figure()
     counts, buttons = [], []
     for j, (series, _unit) in enumerate(panels.values()):
@@ -86,7 +86,7 @@ def tiles_data(scores, block_k: int) -> list[dict]:
     """The online softmax of each row of ``scores`` (T, S), one key block at a time.
 
     Returns one dict per step (0 = nothing seen, then one per key block) with ``seen`` (number of
-    keys read), ``m`` (running maxima, T), ``lse`` (log-sum-exp so far, T). Source: chapter 09."""
+    keys read), ``m`` (running maxima, T), ``lse`` (log-sum-exp so far, T). Source: chapter 10."""
     scores = np.asarray(scores, dtype=float)
     state = OnlineSoftmaxState(scores.shape[:-1])
     steps = [{"seen": 0, "m": state.m.copy(), "lse": state.logsumexp()}]
@@ -138,7 +138,7 @@ def _tiles_title(step: dict, n_keys: int) -> str:
 def tiles_view(scores, block_k: int, step: int) -> go.Figure:
     """One step of the online softmax over key blocks: left, the scores read so far (unread blank);
     right, per query row the running maximum, the log-sum-exp so far and the final one (they meet
-    at the last step). Source: chapter 09."""
+    at the last step). Source: chapter 10."""
     scores = np.asarray(scores, dtype=float)
     steps = tiles_data(scores, block_k)
     if not 0 <= step < len(steps):
@@ -150,7 +150,7 @@ def tiles_view(scores, block_k: int, step: int) -> go.Figure:
 
 
 def tiles_figure(scores, block_k: int) -> go.Figure:
-    """:func:`tiles_view` with a slider over every step (works with no kernel). Source: chapter 09."""
+    """:func:`tiles_view` with a slider over every step (works with no kernel). Source: chapter 10."""
     scores = np.asarray(scores, dtype=float)
     steps = tiles_data(scores, block_k)
     final = steps[-1]["lse"]
@@ -170,7 +170,7 @@ def tiles_figure(scores, block_k: int) -> go.Figure:
 
 def lookup_figure(weights: dict, targets) -> go.Figure:
     """Heatmaps of attention weights (T, S) for several methods, with buttons to switch between them
-    (works with no kernel); white circles mark each query's target key. Source: chapter 08 (claim 18)."""
+    (works with no kernel); white circles mark each query's target key. Source: chapter 09 (claim 18)."""
     targets = np.asarray(targets)
     fig = go.Figure()
     names = list(weights)

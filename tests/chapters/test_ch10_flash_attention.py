@@ -1,4 +1,4 @@
-"""Claim of chapter 09 (FlashAttention from first principles), against independent oracles.
+"""Claim of chapter 10 (FlashAttention from first principles), against independent oracles.
 
 Claim 17: tiled attention with an online softmax gives the same result (output, log-sum-exp and
 gradients; against the NumPy reference and the plain torch path) with memory linear in length.

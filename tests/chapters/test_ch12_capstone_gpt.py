@@ -1,4 +1,4 @@
-"""Chapter 11's claims: a GPT built from the course's blocks learns real text (validation loss
+"""Chapter 12's claims: a GPT built from the course's blocks learns real text (validation loss
 below the unigram baseline within a fixed step budget), decodes with the KV cache exactly as
 without it, round-trips through safetensors; and attention learns to address (claim 20)."""
 

@@ -1,4 +1,4 @@
-"""Claims of chapter 08 (parallel and quadratic), each against an independent oracle.
+"""Claims of chapter 09 (parallel and quadratic), each against an independent oracle.
 
 Claim 15: all pairwise scores in one matrix product, parallel over positions, unlike a recurrent
 loop. Claim 16: time and memory of standard attention grow quadratically with length (memory is
