@@ -2,6 +2,27 @@
 
 ``selfattn.ref`` is the NumPy float64 reference; the top level is the torch path that the chapters
 use and that runs on a GPU when one is present (``selfattn.device.pick_device``).
+
+Where each chapter's code lives:
+
+==========================================  ==========================================================
+chapter                                     modules
+==========================================  ==========================================================
+01 tokens and embeddings                    ``embeddings``, ``pretrained``
+02 similarity and softmax                   ``attention`` (``masked_softmax``), ``ref.attention``
+03 queries, keys and values                 ``attention`` (``scaled_dot_product_attention``)
+04 causal masking                           ``masks``, ``models.tiny_lm``, ``data``
+05 cross-attention and padding              ``masks``, ``attention``
+06 multi-head attention                     ``multihead``, ``pretrained``
+07 the Transformer block                    ``block``, ``encoder``, ``ref.block``
+08 positions                                ``positions``, ``ref.positions``, ``experiments.positions``
+09 parallel and quadratic                   ``efficient.variants``, ``efficient.memory``, ``experiments``
+10 FlashAttention                           ``efficient.tiled``, ``efficient.triton_kernel``, ``ref.online``
+11 attention explanations                   ``interpret``
+12 capstone GPT                             ``models.gpt``, ``efficient.kv_cache``, ``checkpoint``
+==========================================  ==========================================================
+
+Every chapter also has ``viz.<topic>`` (figures and explorers) and ``exercises.chNN`` (the checks).
 """
 
 from ._workarounds import initialise_mkl_vml
@@ -10,7 +31,7 @@ from ._workarounds import initialise_mkl_vml
 # thread that races the first call can compute with its low-accuracy kernels (selfattn._workarounds).
 initialise_mkl_vml()
 
-from . import device, efficient, masks, ref  # noqa: E402
+from . import device, efficient, masks, positions, ref  # noqa: E402
 from .attention import AttentionConfig, SelfAttention, masked_softmax, scaled_dot_product_attention  # noqa: E402
 from .block import BlockConfig, FeedForward, PostNormTransformerBlock, TransformerBlock  # noqa: E402
 from .masks import causal_mask, from_blocked_mask, from_hf_attention_mask, padding_mask  # noqa: E402
@@ -23,6 +44,7 @@ __all__ = [
     "device",
     "efficient",
     "masks",
+    "positions",
     "scaled_dot_product_attention",
     "masked_softmax",
     "AttentionConfig",
