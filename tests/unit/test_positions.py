@@ -187,6 +187,21 @@ def test_porting_bug_interleaved_weights_in_half_layout_code():
     _assert_close(buggy[0, 0], trained[0, 0])
 
 
+def test_permutation_is_the_llama_conversion_scripts_permute():
+    """Hugging Face's convert_llama_weights_to_hf.py reorders the output rows of each head's W_Q / W_K
+    (nn.Linear layout, (out, in)) with ``w.view(H, Dh // 2, 2, D).transpose(1, 2).reshape(D, D)``
+    (written out here; the script is not shipped in the wheel). In the maths' (in, out) layout that
+    is our permutation applied to each head's columns."""
+    H, Dh = 3, 8
+    D = H * Dh
+    W = _gaussian(14, D, D)  # (D_in, D_out), X @ W
+    w_linear = W.T  # (out, in)
+    converted = w_linear.view(H, Dh // 2, 2, D).transpose(1, 2).reshape(D, D).T  # back to (in, out)
+    perm = P.rope_interleaved_to_half(Dh)
+    per_head = torch.cat([W[:, h * Dh : (h + 1) * Dh][:, perm] for h in range(H)], dim=1)
+    assert torch.equal(converted, per_head)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("factor", [2, 4.0, 8.5])
 def test_interpolation_equals_dividing_positions(layout, factor):
@@ -440,6 +455,16 @@ X4 = torch.zeros(3, 4)
             ValueError,
             "interpolation",
         ),
+        (lambda: P.apply_rope(X4, [0, 1, 2], base="1e4"), ValueError, "base"),
+        (lambda: P.apply_rope(X4, [0, 1, 2], interpolation=True), ValueError, "interpolation"),
+        (lambda: P.apply_rope(X4, [0, 1, 2], layout=None), ValueError, "layout"),
+        (
+            lambda: P.apply_rope(X4, torch.tensor([0, 1, 2]) + 0j),
+            TypeError,
+            "positions must hold real",
+        ),
+        (lambda: P.rope_cos_sin([[0]], 4), ValueError, "positions"),
+        (lambda: P.rope_cos_sin([0], 6, base=-3.0), ValueError, "base"),
         (lambda: P.rope_interleaved_to_half(3), ValueError, "d_head"),
         (lambda: P.ntk_scaled_base(10000.0, 0.5, 64), ValueError, "factor"),
         (lambda: P.ntk_scaled_base(10000.0, 2.0, 2), ValueError, "d_head must be > 2"),
@@ -453,6 +478,20 @@ X4 = torch.zeros(3, 4)
             r"slopes must have shape \(H,\)",
         ),
         (lambda: P.alibi_bias(torch.ones(2), [[0]], [0]), ValueError, "positions must have shape"),
+        (lambda: P.LearnedPositions(4, 4.0), TypeError, "d_model"),
+        (lambda: P.RotaryPositions(8, base=1), ValueError, "base"),
+        (lambda: P.SinusoidalPositions(4).add_absolute(torch.zeros(1, 2, 6)), ValueError, "D=4"),
+        (
+            lambda: P.SinusoidalPositions(4).add_absolute(torch.zeros(1, 2, 4), -1),
+            ValueError,
+            "start",
+        ),
+        (
+            lambda: P.LearnedPositions(4, 2).add_absolute(torch.zeros(1, 2, 2).long()),
+            TypeError,
+            "floating",
+        ),
+        (lambda: P.ALiBiPositions(2).score_bias(2, 0), ValueError, "S must be > 0"),
         (lambda: P.LearnedPositions(0, 4), ValueError, "max_positions"),
         (lambda: P.SinusoidalPositions(5), ValueError, "d_model"),
         (lambda: P.RotaryPositions(8, layout="x"), ValueError, "layout"),
