@@ -4,8 +4,9 @@ Written from the papers, not from the torch module (``selfattn.positions``), and
 where the maths allows it:
 
 - RoPE twice over: as complex multiplication of feature pairs, ``z_i * exp(i m theta_i)`` (Su et al.
-  2021, section 3.2.1, eq. 12-15), in :func:`apply_rope`; and as the explicit (Dh, Dh) rotation
-  matrix R(m) of Su et al. eq. 13-14 in :func:`rope_rotation_matrix`, for the chapter's derivation
+  2021, section 3.2.1, eq. 12, the 2-D case applied to every pair), in :func:`apply_rope`; and as
+  the explicit block-diagonal (Dh, Dh) rotation matrix R(m) of Su et al. section 3.2.2, eq. 14-15, in
+  :func:`rope_rotation_matrix`, for the chapter's derivation (eq. 16)
   ``q_m . k_n = q^T R(m)^T R(n) k = q^T R(n - m) k``;
 - the sinusoidal shift matrix as a block-diagonal stack of 2x2 rotations from the angle-addition
   formulas;
@@ -166,7 +167,7 @@ def rope_rotation_matrix(
 ) -> np.ndarray:
     """The (Dh, Dh) orthogonal matrix R(m) with ``rope(x)_m = R(m) @ x`` (column vectors).
 
-    For ``layout="interleaved"`` it is Su et al.'s block-diagonal matrix (eq. 13-14): block i, on
+    For ``layout="interleaved"`` it is Su et al.'s block-diagonal matrix (eq. 15): block i, on
     features (2i, 2i+1), is ``[[cos m theta_i, -sin m theta_i], [sin m theta_i, cos m theta_i]]``.
     For ``layout="half"`` the same 2x2 rotations act on features (i, i + Dh/2). Position m is divided
     by ``interpolation`` first. ``R(m)^T R(n) = R(n - m)``, so ``(R(m) q) . (R(n) k) = q^T R(n - m) k``
@@ -176,7 +177,7 @@ def rope_rotation_matrix(
         TypeError / ValueError: ``position`` not a finite real number, ``d_head`` not a positive even
         int, ``base`` not > 1, unknown ``layout``, ``interpolation`` < 1.
 
-    Source: Su et al. 2021, section 3.4.2, eq. 13-14; chapter 08.
+    Source: Su et al. 2021, section 3.2.2, eq. 14-16; chapter 08.
     """
     m = _number("position", position, minimum=-math.inf, strict=True)
     Dh = _even("d_head", d_head)
@@ -211,7 +212,8 @@ def apply_rope(
         ``x`` with fewer than 2 dims or an odd last axis, ``positions`` not of shape (T,), unknown
         ``layout``, ``base`` <= 1, ``interpolation`` < 1.
 
-    Source: Su et al. 2021, section 3.2.1, eq. 12-15 (the complex form); chapter 08.
+    Source: Su et al. 2021, section 3.2.1, eq. 12 (the complex form of one pair), with the frequencies
+    of eq. 15; chapter 08.
     """
     x = require_array("x", x)
     if x.ndim < 2:
