@@ -372,3 +372,63 @@ def test_bloom_alibi_tensor_gives_the_same_causal_softmax(H):
     _close("causal softmax: alibi_bias (our slopes) vs bloom", weights(ours), weights(bloom), 1e-5)
     # the bias does matter (> 1e-3 even for H = 1, whose one slope is 1/256)
     assert (weights(ours) - weights(torch.zeros(()))).abs().max() > 1e-3
+
+
+# --- Llama's whole attention layer: RoPE in place, and the porting permutation ------------------
+
+
+def test_llama_attention_layer_equals_our_attention_with_rope_and_the_porting_permutation():
+    """LlamaAttention (random weights, float64, eager) against selfattn's pieces: project, split
+    heads, apply_rope(layout="half") on Q and K, causal attention, merge, project. Then the porting
+    story: the same layer written for interleaved RoPE (Meta's original layout) needs each head's
+    W_Q / W_K columns in the inverse permutation; with them it gives Llama's output, without them not.
+    Llama's eager softmax runs in float32 (``softmax(..., dtype=torch.float32)``): tolerance 1e-6 on
+    outputs of order 1. cos/sin are given in float64 (Llama's layout) so the angles are exact."""
+    from selfattn import causal_mask, merge_heads, scaled_dot_product_attention, split_heads
+
+    H, Dh, T, B = 4, 16, 20, 2
+    config = _llama_config(Dh, {"rope_type": "default", "rope_theta": 10000.0})
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    layer = (
+        transformers.models.llama.modeling_llama.LlamaAttention(config, layer_idx=0).double().eval()
+    )
+    X = _gaussian(11, B, T, H * Dh)
+    positions = torch.arange(T) + 100
+    cos, sin = P.rope_cos_sin(positions, Dh)
+    cos, sin = torch.cat([cos, cos], -1)[None], torch.cat([sin, sin], -1)[None]  # (1, T, Dh)
+    additive_causal = torch.zeros(T, T, dtype=torch.float64).masked_fill(
+        ~causal_mask(T), float("-inf")
+    )
+    with torch.no_grad():
+        expected, _ = layer(
+            X, position_embeddings=(cos, sin), attention_mask=additive_causal[None, None]
+        )
+    W_Q, W_K = layer.q_proj.weight.T.detach(), layer.k_proj.weight.T.detach()  # (D, D), X @ W
+    W_V, W_O = layer.v_proj.weight.T.detach(), layer.o_proj.weight.T.detach()
+
+    def ours(W_q, W_k, layout):
+        Q = P.apply_rope(split_heads(X @ W_q, H), positions, layout=layout)  # (B, H, T, Dh)
+        K = P.apply_rope(split_heads(X @ W_k, H), positions, layout=layout)
+        context = scaled_dot_product_attention(Q, K, split_heads(X @ W_V, H), causal_mask(T))
+        return merge_heads(context) @ W_O  # (B, H, T, Dh) -> (B, T, D) @ (D, D)
+
+    _close(
+        "llama attention layer vs selfattn + apply_rope half",
+        ours(W_Q, W_K, "half"),
+        expected,
+        1e-6,
+    )
+    inverse = torch.argsort(P.rope_interleaved_to_half(Dh))  # half -> interleaved, per head
+
+    def per_head(W, perm):
+        return torch.cat([W[:, h * Dh : (h + 1) * Dh][:, perm] for h in range(H)], dim=1)
+
+    original = ours(per_head(W_Q, inverse), per_head(W_K, inverse), "interleaved")
+    _close(
+        "llama attention vs interleaved rope with un-permuted W_Q, W_K", original, expected, 1e-6
+    )
+    unported = ours(W_Q, W_K, "interleaved")  # the porting bug, the other way round
+    relative = ((unported - expected).norm() / expected.norm()).item()
+    MEASURED["llama attention: interleaved without permutation, relative"] = relative
+    assert relative > 0.05, relative
