@@ -26,6 +26,10 @@ downloaded. What is compared, and why each tolerance is what it is:
     power of a float32-rounded ratio; its bias ``m_h * j`` differs from ours ``-m_h (i - j)`` by a
     constant per query row (asserted, 1e-12), so softmax weights under a causal mask agree (1e-12
     with BLOOM's own slopes, 1e-5 with ours).
+(e) A whole ``LlamaAttention`` layer (random weights, float64, float64 cos/sin) against selfattn's
+    projections + ``apply_rope`` + causal attention: 1e-6, because Llama's eager softmax runs in
+    float32; and the porting permutation end to end (interleaved RoPE with each head's W_Q / W_K
+    columns un-permuted gives Llama's output; without the permutation it does not).
 
 Measured maxima are printed after the module's tests (run with ``-s``).
 """
