@@ -417,16 +417,21 @@ class LearnedPositions(PositionScheme):
     As in BERT, MiniLM (512 rows) and chapter 12's first GPT. It has no row for a position past its
     table, so it cannot run there (:meth:`check_positions` raises): claim 24.
 
+    Args:
+        max_positions: rows of the table (> 0). d_model: D (> 0).
+        generator: optional torch.Generator for the N(0, 0.02^2) initialisation, so that a model's
+            initial weights do not depend on what else drew from the global generator before.
+
     Source: Gehring et al. 2017; Devlin et al. 2019; chapter 07 and chapter 08.
     """
 
     name = "learned"
 
-    def __init__(self, max_positions: int, d_model: int):
+    def __init__(self, max_positions: int, d_model: int, *, generator: torch.Generator | None = None):
         super().__init__()
         self._max = require_positive_int("max_positions", max_positions)
         require_positive_int("d_model", d_model)
-        self.weight = nn.Parameter(torch.randn(max_positions, d_model) * 0.02)
+        self.weight = nn.Parameter(torch.randn(max_positions, d_model, generator=generator) * 0.02)
 
     @property
     def max_positions(self) -> int:

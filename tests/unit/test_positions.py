@@ -319,6 +319,17 @@ def test_learned_positions_add_rows_and_refuse_past_the_table():
     assert torch.equal(scheme.rotate(x), x) and scheme.score_bias(3, 3) is None
 
 
+def test_learned_positions_generator_makes_the_table_reproducible():
+    def table(seed):
+        return P.LearnedPositions(16, 8, generator=torch.Generator().manual_seed(seed)).weight
+
+    torch.manual_seed(123)
+    first = table(0)
+    torch.rand(5)  # other draws from the global generator do not matter
+    assert torch.equal(first, table(0)) and not torch.equal(first, table(1))
+    assert 0.01 < first.std().item() < 0.03  # N(0, 0.02^2): 128 draws
+
+
 @pytest.mark.parametrize("start", [0, 1, 37, 10_000])
 def test_sinusoidal_positions_at_any_start(start):
     scheme = P.SinusoidalPositions(6)
