@@ -95,7 +95,19 @@ def _positions_tensor(positions, device=None) -> torch.Tensor:
         raise ValueError(f"positions must have shape (T,) (1 dims); got shape {shape_of(positions)}")
     if positions.dtype == torch.bool or positions.is_complex():
         raise TypeError(f"positions must hold real numbers; got dtype {positions.dtype}")
-    return positions.to(device=device if device is not None else positions.device, dtype=torch.float64)
+    positions = positions.to(device=device if device is not None else positions.device, dtype=torch.float64)
+    if not bool(torch.isfinite(positions).all()):  # a NaN position would turn whole rows of scores to NaN
+        raise ValueError(f"positions must be finite; got {positions.tolist()}")
+    return positions
+
+
+def _require_features(name: str, x, width: int, what: str, layout: str) -> None:
+    """``x`` is a floating tensor of shape ``layout`` whose last axis is ``width`` (the scheme's size)."""
+    require_tensor(name, x)
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point tensor; got dtype {x.dtype}")
+    if x.ndim < 2 or x.shape[-1] != width:
+        raise ValueError(f"{name} must have shape {layout} with {what}={width}; got shape {shape_of(x)}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -336,7 +348,7 @@ def alibi_bias(slopes: torch.Tensor, q_positions, k_positions) -> torch.Tensor:
         slopes: (H,) head slopes (:func:`alibi_slopes`). q_positions: (T,). k_positions: (S,).
 
     Raises:
-        TypeError / ValueError: ``slopes`` not a 1-D tensor; positions not 1-D.
+        TypeError / ValueError: ``slopes`` not a 1-D tensor; positions not 1-D or not finite.
 
     Source: Press et al. 2022, section 3 (figure 3); chapter 08.
     """
@@ -405,22 +417,29 @@ class LearnedPositions(PositionScheme):
     As in BERT, MiniLM (512 rows) and chapter 12's first GPT. It has no row for a position past its
     table, so it cannot run there (:meth:`check_positions` raises): claim 24.
 
+    Args:
+        max_positions: rows of the table (> 0). d_model: D (> 0).
+        generator: optional torch.Generator for the N(0, 0.02^2) initialisation, so that a model's
+            initial weights do not depend on what else drew from the global generator before.
+
     Source: Gehring et al. 2017; Devlin et al. 2019; chapter 07 and chapter 08.
     """
 
     name = "learned"
 
-    def __init__(self, max_positions: int, d_model: int):
+    def __init__(self, max_positions: int, d_model: int, *, generator: torch.Generator | None = None):
         super().__init__()
         self._max = require_positive_int("max_positions", max_positions)
         require_positive_int("d_model", d_model)
-        self.weight = nn.Parameter(torch.randn(max_positions, d_model) * 0.02)
+        self.weight = nn.Parameter(torch.randn(max_positions, d_model, generator=generator) * 0.02)
 
     @property
     def max_positions(self) -> int:
         return self._max
 
     def add_absolute(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        _require_features("x", x, self.weight.shape[1], "D", "(B, T, D)")
+        start = _require_start(start)
         T = x.shape[-2]
         self.check_positions(start, T)
         return x + self.weight[start : start + T]  # (B, T, D) + (T, D)
@@ -440,6 +459,7 @@ class SinusoidalPositions(PositionScheme):
         self.base = _require_base(base)
 
     def add_absolute(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        _require_features("x", x, self.d_model, "D", "(B, T, D)")
         pe = sinusoidal_encoding(x.shape[-2], self.d_model, base=self.base, start=start, dtype=x.dtype, device=x.device)
         return x + pe  # (B, T, D) + (T, D)
 
@@ -467,6 +487,9 @@ class RotaryPositions(PositionScheme):
         self.interpolation = float(interpolation)
 
     def rotate(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        # Dh is checked here: apply_rope alone would happily rotate a head of another width.
+        _require_features("x", x, self.d_head, "Dh", "(B, H, T, Dh)")
+        start = _require_start(start)
         positions = torch.arange(start, start + x.shape[-2], device=x.device)
         return apply_rope(x, positions, base=self.base, layout=self.layout, interpolation=self.interpolation)
 
@@ -487,6 +510,8 @@ class ALiBiPositions(PositionScheme):
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)  # (H,) float64
 
     def score_bias(self, T: int, S: int, start: int = 0, *, dtype=torch.float32, device=None):
+        T, S = require_positive_int("T", T), require_positive_int("S", S)
+        start = _require_start(start)
         q = torch.arange(start, start + T, device=self.slopes.device)
         k = torch.arange(S, device=self.slopes.device)
         bias = alibi_bias(self.slopes, q, k)  # (H, T, S)
@@ -503,12 +528,16 @@ def make_positions(
     """The scheme called ``name`` (one of :data:`POSITION_SCHEMES`) for a model of these sizes.
 
     Raises:
-        ValueError: an unknown ``name``; sizes as the scheme classes.
+        ValueError: an unknown ``name``; ``d_model`` not divisible by ``n_heads``; sizes as the scheme
+        classes. TypeError: ``d_model`` or ``n_heads`` not an int.
 
     Source: chapter 08.
     """
     if name not in POSITION_SCHEMES:
         raise ValueError(f"positions must be one of {POSITION_SCHEMES}; got {name!r}")
+    d_model, n_heads = require_positive_int("d_model", d_model), require_positive_int("n_heads", n_heads)
+    if d_model % n_heads:
+        raise ValueError(f"d_model must be divisible by n_heads; got d_model={d_model}, n_heads={n_heads}")
     d_head = d_model // n_heads
     builders = {
         "learned": lambda: LearnedPositions(max_positions, d_model),
