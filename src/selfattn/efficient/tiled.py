@@ -45,6 +45,11 @@ _HALF = (torch.float16, torch.bfloat16)
 # 2-3 times faster than exp on CPUs (FlashAttention does the same on GPUs), with no extra pass over a tile.
 # The backward is handed the forward's own base-2 lse: converting lse to natural log and back adds a
 # rounding of about |lse| * 1e-7 (1e-2 at logits near 1e5), and P = exp2(s - lse2) would be off by as much.
+# It is handed in two parts, the row maximum m and log2 l (lse2 = m + log2 l): their float32 sum would round
+# again at the size of m, and a bias such as ALiBi's puts m in the thousands without saturating the softmax,
+# so exp2(s - (m + log2 l)) would carry that rounding in every row (several times torch's error in dV);
+# exp2((s - m) - log2 l) does not. A bias comes in natural-log units: it is multiplied by log2 e and added
+# to the tile in float64, so that the biased base-2 score is rounded once, as torch's s + bias is.
 # (The Triton kernel works in natural log, so on that path the conversion remains: untested at such logits.)
 _LOG2E = 1.0 / math.log(2.0)
 _LN2 = math.log(2.0)
@@ -173,11 +178,22 @@ class _StructuralBias:
 
 
 def _to_base2(b: torch.Tensor, work: torch.dtype) -> torch.Tensor:
-    """A bias tile in natural-log units as the tiles' base-2 units (``b * log2 e``) in ``work``; a new
-    tensor, never the caller's. A float64 bias is multiplied before it is rounded: one rounding."""
-    if b.dtype == torch.float64 and work != torch.float64:
-        return (b * _LOG2E).to(work)
-    return b.to(work) * _LOG2E
+    """A bias tile in natural-log units as the tiles' base-2 units, ``b * log2 e``: float64 (a new
+    tensor, never the caller's), so that :func:`_add_bias_` rounds the biased score only once."""
+    return b.to(torch.float64) * _LOG2E
+
+
+def _add_bias_(s: torch.Tensor, bias2: torch.Tensor) -> torch.Tensor:
+    """``s += bias2`` in place (``s`` (*lead, bq, bk) base-2 scores, ``bias2`` from :func:`_to_base2`).
+
+    In float32 the sum is formed in float64 and rounded once: converting the bias to float32 base 2
+    first and then adding would round twice at the size of the bias (thousands for ALiBi at long T),
+    about twice torch's error with the same additive mask; one rounding keeps within its factor."""
+    if s.dtype == torch.float64:
+        return s.add_(bias2)
+    # float64 + float32 -> float64, rounded once to s's dtype by copy_; bias2 is this tile's own
+    # temporary, so it can hold the sum when it has the tile's full shape
+    return s.copy_(bias2.add_(s) if bias2.shape == s.shape else bias2 + s)
 
 
 class _TensorBias:
@@ -271,22 +287,25 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
     score bias (a ``_TensorBias`` or ``_CallableBias``, as :func:`tiled_attention` builds them).
     Source: Dao et al. (2022), Algorithm 1.
     """
-    out, lse2 = _tiled_forward_base2(q, k, v, vis, scale, block_q, block_k, reverse_key_tiles=reverse_key_tiles,
-                                     bias=bias)
-    return out, lse2 * _LN2
+    out, m2, log2_l = _tiled_forward_base2(q, k, v, vis, scale, block_q, block_k,
+                                           reverse_key_tiles=reverse_key_tiles, bias=bias)
+    return out, (m2 + log2_l) * _LN2
 
 
 @torch.no_grad()
 def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, block_k: int,
                          *, reverse_key_tiles: bool = False, bias=None):
-    """:func:`tiled_forward_torch`, returning the base-2 ``lse2 = lse * log2 e`` that the backward
-    needs exactly as computed here."""
+    """:func:`tiled_forward_torch`, returning ``(out, m2, log2_l)``: the base-2 log-sum-exp
+    ``lse * log2 e = m2 + log2_l`` in the two parts that the backward needs exactly as computed here,
+    the row maximum ``m2`` of the base-2 scores (``-inf`` for a query that sees no key) and
+    ``log2_l`` (0 for such a query)."""
     T, S, Dh, Dv, lead = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.shape[:-2]
     work, dev = _work_dtype(q.dtype), q.device
     BH = math.prod(lead)
     q3 = q.reshape(BH, T, Dh)  # (..., T, Dh) -> (BH, T, Dh): one batch axis for bmm (BH or T may be 0)
     out = torch.empty(BH, T, Dv, dtype=q.dtype, device=dev)
-    lse = torch.empty(BH, T, dtype=work, device=dev)
+    row_max = torch.empty(BH, T, dtype=work, device=dev)
+    log2_sum = torch.empty(BH, T, dtype=work, device=dev)
     tile_buffer = torch.empty(BH * min(block_q, T) * min(block_k, S), dtype=work, device=dev)  # reused
     key_tiles = _tiles(S, block_k)[::-1] if reverse_key_tiles else _tiles(S, block_k)
     # Else a NaN value must reach only the rows that see it. The sum, not isfinite(v).all(): no
@@ -323,7 +342,7 @@ def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, b
             s = tile_buffer[: BH * (i1 - i0) * (j1 - j0)].view(BH, i1 - i0, j1 - j0)
             torch.bmm(q_t, k_t.transpose(1, 2), out=s)  # (BH, bq, Dh) @ (BH, Dh, bk) -> (BH, bq, bk)
             if bias is not None:  # before the hiding, so that a NaN stored in the bias at a hidden pair goes too
-                s.view(*lead, *s.shape[-2:]).add_(bias.tile(i0, i1, j0, j1, work, check_grad=True))
+                _add_bias_(s.view(*lead, *s.shape[-2:]), bias.tile(i0, i1, j0, j1, work, check_grad=True))
             if keep is None:
                 structural.hide_(s, i0, j0)
             elif keep is not True:
@@ -347,11 +366,13 @@ def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, b
         seen = l != 0  # not `l > 0`: a NaN score (a visible NaN key) must give NaN, not a zero row
         if bool(seen.all()):  # the usual case: every query of the block saw a key
             out[:, i0:i1] = acc.div_(l[..., None])
-            lse[:, i0:i1] = m + torch.log2(l)
+            row_max[:, i0:i1], log2_sum[:, i0:i1] = m, torch.log2(l)
         else:
             out[:, i0:i1] = torch.where(seen[..., None], acc / torch.where(seen, l, 1.0)[..., None], 0.0)
-            lse[:, i0:i1] = torch.where(seen, m + torch.log2(torch.where(seen, l, 1.0)), -math.inf)
-    return out.view(*lead, T, Dv), lse.view(*lead, T)  # (BH, T, Dv) -> (..., T, Dv)
+            row_max[:, i0:i1] = torch.where(seen, m, -math.inf)
+            log2_sum[:, i0:i1] = torch.where(seen, torch.log2(torch.where(seen, l, 1.0)), 0.0)
+    # (BH, T, Dv) -> (..., T, Dv); (BH, T) -> (..., T)
+    return out.view(*lead, T, Dv), row_max.view(*lead, T), log2_sum.view(*lead, T)
 
 
 @torch.no_grad()
@@ -359,15 +380,18 @@ def tiled_backward_torch(q, k, v, out, lse2, d_out, vis: Visibility, scale: floa
                          block_k: int, *, bias=None):
     """Gradients of q, k, v, recomputing each tile's weights from ``lse2`` (Dao 2023, Algorithm 2).
 
-    ``lse2`` (..., T) is the base-2 log-sum-exp, ``lse * log2 e``, as the forward computed it. With
+    ``lse2`` is the base-2 log-sum-exp, ``lse * log2 e``, as the forward computed it, in its two
+    parts ``(m2, log2_l)``, each (..., T) (see :func:`_tiled_forward_base2`); a single (..., T) tensor
+    is taken as ``(lse2, 0)``. With
     ``P = exp(S - lse)``: ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - rowsum(dO * O))``,
     ``dQ = dS K * scale``, ``dK = dS^T Q * scale``. A query with ``lse = -inf`` (no visible key) has
     ``P = 0`` and so contributes zero gradients. The scores are recomputed exactly as the torch
     forward computed them (the same scaled queries, tiles and products: the scores are the
-    forward's bit for bit), so ``P`` differs from the forward's weights only by the rounding of the
-    stored ``lse2`` (half a unit in its last place, about ``|lse2| * 6e-8`` in float32), as in
-    torch's own CPU flash backward. A NaN or inf stored at a query or key reaches only the
-    gradients of the pairs the mask lets see it.
+    forward's bit for bit), and ``P = exp2((s - m2) - log2_l)`` differs from the forward's weights
+    only by the rounding of the stored ``log2_l`` (``|log2 l| <= log2 S``: about ``log2(S) * 6e-8``
+    in float32), not by a rounding at the size of the scores (torch's own CPU flash backward stores
+    ``m + log l`` rounded, about ``|lse| * 6e-8``). A NaN or inf stored at a query or key reaches only
+    the gradients of the pairs the mask lets see it.
 
     ``bias``: the forward's tile source of an additive bias (or None): each tile's bias is recomputed
     (sliced or called again) and added exactly as in the forward. ``dS`` is the gradient of the
@@ -379,7 +403,10 @@ def tiled_backward_torch(q, k, v, out, lse2, d_out, vis: Visibility, scale: floa
     BH = math.prod(lead)
     q3, do3 = q.reshape(BH, T, Dh), d_out.reshape(BH, T, Dv)  # (..., T, D) -> (BH, T, D), as the forward
     delta = (do3.to(work) * out.reshape(BH, T, Dv).to(work)).sum(dim=-1)  # (BH, T): rowsum(dO * O)
-    lse_safe = torch.where(torch.isfinite(lse2), lse2, math.inf).reshape(BH, T).to(work)  # exp2(s - inf) = 0
+    m2, log2_l = lse2 if isinstance(lse2, tuple) else (lse2, torch.zeros_like(lse2))
+    finite = torch.isfinite(m2 + log2_l)
+    m_safe = torch.where(finite, m2, math.inf).reshape(BH, T).to(work)  # exp2(s - inf) = 0
+    log2_l_safe = torch.where(finite, log2_l, 0.0).reshape(BH, T).to(work)
     # Else a NaN query or key must reach only the pairs that see it (a sum: no (T, Dh) temporary)
     finite_qk = bool(torch.isfinite(q.sum()) & torch.isfinite(k.sum()))
     dq = torch.zeros(BH, T, Dh, dtype=work, device=dev)
@@ -398,10 +425,11 @@ def tiled_backward_torch(q, k, v, out, lse2, d_out, vis: Visibility, scale: floa
             q_t, do_t = q3[:, i0:i1].to(work) * (scale * _LOG2E), do3[:, i0:i1].to(work)  # as the forward's q_t
             s = torch.bmm(q_t, k_t.transpose(1, 2))  # (BH, bq, Dh) @ (BH, Dh, bk) -> (BH, bq, bk)
             if bias is not None:  # the forward's bias tile, added the same way: the same scores bit for bit
-                s.view(*lead, *s.shape[-2:]).add_(bias.tile(i0, i1, j0, j1, work))
+                _add_bias_(s.view(*lead, *s.shape[-2:]), bias.tile(i0, i1, j0, j1, work))
             if keep is not True:
                 s.view(*lead, *s.shape[-2:]).masked_fill_(~keep, -math.inf)
-            p = torch.exp2(s.sub_(lse_safe[:, i0:i1, None]), out=s)  # the forward's weights
+            # the forward's weights; s - m first: exact for the scores that matter (near the max)
+            p = torch.exp2(s.sub_(m_safe[:, i0:i1, None]).sub_(log2_l_safe[:, i0:i1, None]), out=s)
             dv[:, j0:j1] += p.transpose(1, 2) @ do_t  # (BH, bk, bq) @ (BH, bq, Dv) -> (BH, bk, Dv)
             dp = do_t @ v_t.transpose(1, 2)  # (BH, bq, Dv) @ (BH, Dv, bk) -> (BH, bq, bk)
             ds = p.mul_(dp.sub_(delta[:, i0:i1, None]))  # dS = P * (dP - delta), in p's buffer
@@ -447,12 +475,12 @@ class _TiledAttentionFunction(torch.autograd.Function):
         # the Triton kernel has no bias: a biased call always takes the torch loop
         forward = tiled_forward_torch if tile_bias is not None else pick_forward(q, vis)
         if forward is tiled_forward_torch:  # keep the loop's own base-2 lse: the backward needs it exact
-            out, lse2 = _tiled_forward_base2(q, k, v, vis, scale, block_q, block_k, bias=tile_bias)
-            lse = lse2 * _LN2
+            out, m2, log2_l = _tiled_forward_base2(q, k, v, vis, scale, block_q, block_k, bias=tile_bias)
+            lse = (m2 + log2_l) * _LN2
         else:  # the Triton kernel works in natural log
             out, lse = forward(q, k, v, vis, scale, block_q, block_k)
-            lse2 = lse * _LOG2E
-        ctx.save_for_backward(q, k, v, out, lse2, bias)
+            m2, log2_l = lse * _LOG2E, torch.zeros_like(lse)
+        ctx.save_for_backward(q, k, v, out, m2, log2_l, bias)
         ctx.vis, ctx.scale, ctx.blocks, ctx.score_bias = vis, scale, (block_q, block_k), score_bias
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -460,11 +488,11 @@ class _TiledAttentionFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable  # the hand-written backward is not itself differentiable: a second
     def backward(ctx, d_out, _d_lse):  # derivative raises instead of silently being zero
-        q, k, v, out, lse2, bias = ctx.saved_tensors
+        q, k, v, out, m2, log2_l, bias = ctx.saved_tensors
         needs_bias_grad = bias is not None and ctx.needs_input_grad[7]
         tile_bias = (_TensorBias(bias, q.shape[:-2], q.shape[-2], k.shape[-2], needs_grad=needs_bias_grad)
                      if bias is not None else ctx.score_bias)
-        dq, dk, dv = tiled_backward_torch(q, k, v, out, lse2, d_out, ctx.vis, ctx.scale, *ctx.blocks,
+        dq, dk, dv = tiled_backward_torch(q, k, v, out, (m2, log2_l), d_out, ctx.vis, ctx.scale, *ctx.blocks,
                                           bias=tile_bias)
         d_bias = tile_bias.grad_of_input() if needs_bias_grad else None
         return dq, dk, dv, None, None, None, None, d_bias, None
@@ -555,8 +583,9 @@ def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str 
         zero (finite) gradients. A NaN or inf stored at a hidden position (of q, k, v or the bias)
         reaches neither the outputs nor the gradients of the rows that may not see it, whatever
         the block sizes; a pair hidden only by a ``-inf`` bias is not hidden in this sense (as in
-        the dense path: a NaN value there still reaches its row; a row whose every key has bias
-        ``-inf`` is a zero row). First derivatives
+        the dense path: a NaN value there still reaches its row; but a row whose every key has bias
+        ``-inf`` is a zero row with zero gradients, where the dense path's ``0 @ v`` is NaN if a value
+        is). First derivatives
         only: the backward is hand-written and not itself differentiable, so differentiating the
         gradients again (``create_graph=True``, e.g. a gradient penalty) raises a RuntimeError
         (torch's wording depends on the call); use ``selfattn.scaled_dot_product_attention`` for that.
