@@ -204,13 +204,15 @@ class _TensorBias:
     With ``needs_grad``, :meth:`accumulate_grad_` sums each tile's score gradient into ``grad``
     (the shape of ``full``), reduced over the axes that the bias broadcasts."""
 
-    def __init__(self, bias: torch.Tensor, lead: torch.Size, T: int, S: int, *, needs_grad: bool = False):
+    def __init__(self, bias: torch.Tensor, lead: torch.Size, T: int, S: int, *, needs_grad: bool = False,
+                 work: torch.dtype = torch.float32):
         self.bias = bias
         self.full = bias[(None,) * (len(lead) + 2 - bias.ndim)]  # (..., T or 1, S or 1) at full rank
         self.view = self.full.expand(*self.full.shape[:-2], T, S)
         self.lead = lead
-        self.grad = torch.zeros(self.full.shape, dtype=_work_dtype(bias.dtype), device=bias.device) \
-            if needs_grad else None
+        # summed in the wider of the tiles' dtype and the bias's (float32 at least), cast back at the end
+        grad_dtype = torch.promote_types(work, _work_dtype(bias.dtype))
+        self.grad = torch.zeros(self.full.shape, dtype=grad_dtype, device=bias.device) if needs_grad else None
 
     def tile(self, i0: int, i1: int, j0: int, j1: int, work: torch.dtype, *, check_grad: bool = False):
         """The bias of rows [i0, i1) and columns [j0, j1), base 2, broadcastable to (*lead, bq, bk)."""
@@ -490,8 +492,8 @@ class _TiledAttentionFunction(torch.autograd.Function):
     def backward(ctx, d_out, _d_lse):  # derivative raises instead of silently being zero
         q, k, v, out, m2, log2_l, bias = ctx.saved_tensors
         needs_bias_grad = bias is not None and ctx.needs_input_grad[7]
-        tile_bias = (_TensorBias(bias, q.shape[:-2], q.shape[-2], k.shape[-2], needs_grad=needs_bias_grad)
-                     if bias is not None else ctx.score_bias)
+        tile_bias = (_TensorBias(bias, q.shape[:-2], q.shape[-2], k.shape[-2], needs_grad=needs_bias_grad,
+                                 work=_work_dtype(q.dtype)) if bias is not None else ctx.score_bias)
         dq, dk, dv = tiled_backward_torch(q, k, v, out, (m2, log2_l), d_out, ctx.vis, ctx.scale, *ctx.blocks,
                                           bias=tile_bias)
         d_bias = tile_bias.grad_of_input() if needs_bias_grad else None
