@@ -177,7 +177,7 @@ class _StructuralBias:
         return s.add_(bias)
 
 
-def _to_base2(b: torch.Tensor, work: torch.dtype) -> torch.Tensor:
+def _to_base2(b: torch.Tensor) -> torch.Tensor:
     """A bias tile in natural-log units as the tiles' base-2 units, ``b * log2 e``: float64 (a new
     tensor, never the caller's), so that :func:`_add_bias_` rounds the biased score only once."""
     return b.to(torch.float64) * _LOG2E
@@ -214,9 +214,9 @@ class _TensorBias:
         grad_dtype = torch.promote_types(work, _work_dtype(bias.dtype))
         self.grad = torch.zeros(self.full.shape, dtype=grad_dtype, device=bias.device) if needs_grad else None
 
-    def tile(self, i0: int, i1: int, j0: int, j1: int, work: torch.dtype, *, check_grad: bool = False):
+    def tile(self, i0: int, i1: int, j0: int, j1: int, *, check_grad: bool = False):
         """The bias of rows [i0, i1) and columns [j0, j1), base 2, broadcastable to (*lead, bq, bk)."""
-        return _to_base2(self.view[..., i0:i1, j0:j1], work)
+        return _to_base2(self.view[..., i0:i1, j0:j1])
 
     def accumulate_grad_(self, ds: torch.Tensor, i0: int, i1: int, j0: int, j1: int):
         """``grad += dS`` of the tile (``ds`` (BH, bq, bk), natural-log units: d out / d score),
@@ -246,7 +246,8 @@ class _CallableBias:
         self.fn, self.lead, self.device, self.grad_enabled = fn, lead, device, grad_enabled
         self.grad = None  # nothing to differentiate
 
-    def tile(self, i0: int, i1: int, j0: int, j1: int, work: torch.dtype, *, check_grad: bool = False):
+    def tile(self, i0: int, i1: int, j0: int, j1: int, *, check_grad: bool = False):
+        """The checked result for rows [i0, i1) and columns [j0, j1), base 2 (see the class)."""
         q_idx = torch.arange(i0, i1, device=self.device)  # (bq,) int64: the query rows of the tile
         k_idx = torch.arange(j0, j1, device=self.device)  # (bk,) int64: its key columns
         with torch.set_grad_enabled(self.grad_enabled and check_grad):
@@ -267,7 +268,7 @@ class _CallableBias:
                 f"{what} returned a tensor that requires grad (does it use a learned parameter?): tiled_attention "
                 "passes no gradient into score_bias; build that bias as a tensor and pass it as bias=... instead"
             )
-        return _to_base2(b, work)
+        return _to_base2(b)
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -344,7 +345,7 @@ def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, b
             s = tile_buffer[: BH * (i1 - i0) * (j1 - j0)].view(BH, i1 - i0, j1 - j0)
             torch.bmm(q_t, k_t.transpose(1, 2), out=s)  # (BH, bq, Dh) @ (BH, Dh, bk) -> (BH, bq, bk)
             if bias is not None:  # before the hiding, so that a NaN stored in the bias at a hidden pair goes too
-                _add_bias_(s.view(*lead, *s.shape[-2:]), bias.tile(i0, i1, j0, j1, work, check_grad=True))
+                _add_bias_(s.view(*lead, *s.shape[-2:]), bias.tile(i0, i1, j0, j1, check_grad=True))
             if keep is None:
                 structural.hide_(s, i0, j0)
             elif keep is not True:
@@ -427,7 +428,7 @@ def tiled_backward_torch(q, k, v, out, lse2, d_out, vis: Visibility, scale: floa
             q_t, do_t = q3[:, i0:i1].to(work) * (scale * _LOG2E), do3[:, i0:i1].to(work)  # as the forward's q_t
             s = torch.bmm(q_t, k_t.transpose(1, 2))  # (BH, bq, Dh) @ (BH, Dh, bk) -> (BH, bq, bk)
             if bias is not None:  # the forward's bias tile, added the same way: the same scores bit for bit
-                _add_bias_(s.view(*lead, *s.shape[-2:]), bias.tile(i0, i1, j0, j1, work))
+                _add_bias_(s.view(*lead, *s.shape[-2:]), bias.tile(i0, i1, j0, j1))
             if keep is not True:
                 s.view(*lead, *s.shape[-2:]).masked_fill_(~keep, -math.inf)
             # the forward's weights; s - m first: exact for the scores that matter (near the max)
@@ -467,7 +468,8 @@ def pick_forward(q: torch.Tensor, vis: Visibility):
 
 class _TiledAttentionFunction(torch.autograd.Function):
     """Forward by tiles (torch loop or Triton), backward by recomputation; the weights are never
-    stored, so the memory kept for backward is q, k, v, out and lse: linear in length."""
+    stored, so the memory kept for backward is q, k, v, out and lse (and a bias tensor if one was
+    given; a score_bias is called again per tile): linear in length."""
 
     @staticmethod
     def forward(ctx, q, k, v, vis, scale, block_q, block_k, bias=None, score_bias=None):
@@ -559,7 +561,8 @@ def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str 
         bias: optional additive float tensor broadcastable to (..., T, S), in the units of the
             scores ``scale * q . k`` (natural log), as ``selfattn.scaled_dot_product_attention``'s
             ``bias``; any floating dtype (converted to the float32/float64 arithmetic), on the device
-            of ``q``. Sliced one tile at a time (it is not expanded or copied). If it requires grad,
+            of ``q``. Sliced one tile at a time (it is not expanded or copied; each tile's biased
+            scores pass through float64, a few float64 tiles of extra memory). If it requires grad,
             it gets its gradient, ``dL/dscores`` (zero at hidden pairs), summed over the axes it
             broadcasts on.
         score_bias: optional callable ``score_bias(q_idx, k_idx) -> tensor`` for a bias that is a
@@ -579,8 +582,8 @@ def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str 
         return_lse: also return ``lse = log sum_j exp(scale * q_i . k_j + bias_ij)`` over the visible keys.
 
     Returns:
-        ``out`` (..., T, Dv) in the dtype of ``q`` (scores, bias, softmax and accumulation in
-        float32); with ``return_lse``, also ``lse`` (..., T), float32 (float64 for float64 inputs),
+        ``out`` (..., T, Dv) in the dtype of ``q`` (scores, softmax and accumulation in float32; a
+        bias is added in float64 and the sum rounded once, as torch rounds ``s + bias`` once); with ``return_lse``, also ``lse`` (..., T), float32 (float64 for float64 inputs),
         without gradient. A query with no visible key gets a zero output row, ``lse = -inf``, and
         zero (finite) gradients. A NaN or inf stored at a hidden position (of q, k, v or the bias)
         reaches neither the outputs nor the gradients of the rows that may not see it, whatever
