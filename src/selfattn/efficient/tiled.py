@@ -5,6 +5,8 @@ blocks of ``block_k`` columns; each query block keeps a running maximum ``m``, a
 and an accumulator, rescaled whenever a new key block raises the maximum (``selfattn.ref.online``
 holds the NumPy version). Peak extra memory is one (block_q, block_k) tile per head plus the output,
 linear in the sequence length. Tiles that a causal or sliding-window mask hides entirely are skipped.
+An additive score bias (ALiBi, Press et al. 2022; chapter 08) is sliced per tile from a tensor or
+computed per tile from the tile's positions, so that ALiBi too runs without a (T, S) matrix.
 
 The backward pass is FlashAttention-2's (Dao 2023, Algorithm 2): it recomputes each tile's weights
 from the saved log-sum-exp instead of storing them, so training memory is linear too.
@@ -43,6 +45,11 @@ _HALF = (torch.float16, torch.bfloat16)
 # 2-3 times faster than exp on CPUs (FlashAttention does the same on GPUs), with no extra pass over a tile.
 # The backward is handed the forward's own base-2 lse: converting lse to natural log and back adds a
 # rounding of about |lse| * 1e-7 (1e-2 at logits near 1e5), and P = exp2(s - lse2) would be off by as much.
+# It is handed in two parts, the row maximum m and log2 l (lse2 = m + log2 l): their float32 sum would round
+# again at the size of m, and a bias such as ALiBi's puts m in the thousands without saturating the softmax,
+# so exp2(s - (m + log2 l)) would carry that rounding in every row (several times torch's error in dV);
+# exp2((s - m) - log2 l) does not. A bias comes in natural-log units: it is multiplied by log2 e and added
+# to the tile in float64, so that the biased base-2 score is rounded once, as torch's s + bias is.
 # (The Triton kernel works in natural log, so on that path the conversion remains: untested at such logits.)
 _LOG2E = 1.0 / math.log(2.0)
 _LN2 = math.log(2.0)
@@ -170,6 +177,100 @@ class _StructuralBias:
         return s.add_(bias)
 
 
+def _to_base2(b: torch.Tensor) -> torch.Tensor:
+    """A bias tile in natural-log units as the tiles' base-2 units, ``b * log2 e``: float64 (a new
+    tensor, never the caller's), so that :func:`_add_bias_` rounds the biased score only once."""
+    return b.to(torch.float64) * _LOG2E
+
+
+def _add_bias_(s: torch.Tensor, bias2: torch.Tensor) -> torch.Tensor:
+    """``s += bias2`` in place (``s`` (*lead, bq, bk) base-2 scores, ``bias2`` from :func:`_to_base2`).
+
+    In float32 the sum is formed in float64 and rounded once: converting the bias to float32 base 2
+    first and then adding would round twice at the size of the bias (thousands for ALiBi at long T),
+    about twice torch's error with the same additive mask; one rounding keeps within its factor."""
+    if s.dtype == torch.float64:
+        return s.add_(bias2)
+    # float64 + float32 -> float64, rounded once to s's dtype by copy_; bias2 is this tile's own
+    # temporary, so it can hold the sum when it has the tile's full shape
+    return s.copy_(bias2.add_(s) if bias2.shape == s.shape else bias2 + s)
+
+
+class _TensorBias:
+    """An additive bias tensor broadcastable to (*lead, T, S), sliced one tile at a time.
+
+    ``full`` is the bias with leading size-1 axes up to the rank of (*lead, T, S) (a view); ``view``
+    expands its last two axes to (T, S) (a view, no copy), so that a tile can be sliced from it.
+    With ``needs_grad``, :meth:`accumulate_grad_` sums each tile's score gradient into ``grad``
+    (the shape of ``full``), reduced over the axes that the bias broadcasts."""
+
+    def __init__(self, bias: torch.Tensor, lead: torch.Size, T: int, S: int, *, needs_grad: bool = False,
+                 work: torch.dtype = torch.float32):
+        self.bias = bias
+        self.full = bias[(None,) * (len(lead) + 2 - bias.ndim)]  # (..., T or 1, S or 1) at full rank
+        self.view = self.full.expand(*self.full.shape[:-2], T, S)
+        self.lead = lead
+        # summed in the wider of the tiles' dtype and the bias's (float32 at least), cast back at the end
+        grad_dtype = torch.promote_types(work, _work_dtype(bias.dtype))
+        self.grad = torch.zeros(self.full.shape, dtype=grad_dtype, device=bias.device) if needs_grad else None
+
+    def tile(self, i0: int, i1: int, j0: int, j1: int, *, check_grad: bool = False):
+        """The bias of rows [i0, i1) and columns [j0, j1), base 2, broadcastable to (*lead, bq, bk)."""
+        return _to_base2(self.view[..., i0:i1, j0:j1])
+
+    def accumulate_grad_(self, ds: torch.Tensor, i0: int, i1: int, j0: int, j1: int):
+        """``grad += dS`` of the tile (``ds`` (BH, bq, bk), natural-log units: d out / d score),
+        summed over the axes on which the bias has size 1 (it was broadcast there)."""
+        d = ds.view(*self.lead, i1 - i0, j1 - j0)  # (BH, bq, bk) -> (*lead, bq, bk)
+        axes = [a for a, n in enumerate(self.full.shape) if n == 1 and d.shape[a] != 1]
+        if axes:
+            d = d.sum(dim=axes, keepdim=True)  # (*lead, bq, bk) -> the bias's own (broadcast) shape
+        rows = slice(0, 1) if self.full.shape[-2] == 1 else slice(i0, i1)
+        cols = slice(0, 1) if self.full.shape[-1] == 1 else slice(j0, j1)
+        self.grad[..., rows, cols] += d.to(self.grad.dtype)
+
+    def grad_of_input(self) -> torch.Tensor:
+        """``grad`` in the shape and dtype of the bias that was passed in."""
+        return self.grad.reshape(self.bias.shape).to(self.bias.dtype)
+
+
+class _CallableBias:
+    """``score_bias(q_idx, k_idx)`` called once per tile with the tile's int64 query rows (bq,) and
+    key columns (bk,); its result (natural-log units) is checked and converted to base 2.
+
+    With ``grad_enabled`` (the caller's grad mode), the forward calls it with grad mode on, so that a
+    result depending on a learned parameter shows ``requires_grad`` and is refused: no gradient
+    flows into ``score_bias`` (pass such a bias as ``bias=``)."""
+
+    def __init__(self, fn, lead: torch.Size, device, *, grad_enabled: bool = False):
+        self.fn, self.lead, self.device, self.grad_enabled = fn, lead, device, grad_enabled
+        self.grad = None  # nothing to differentiate
+
+    def tile(self, i0: int, i1: int, j0: int, j1: int, *, check_grad: bool = False):
+        """The checked result for rows [i0, i1) and columns [j0, j1), base 2 (see the class)."""
+        q_idx = torch.arange(i0, i1, device=self.device)  # (bq,) int64: the query rows of the tile
+        k_idx = torch.arange(j0, j1, device=self.device)  # (bk,) int64: its key columns
+        with torch.set_grad_enabled(self.grad_enabled and check_grad):
+            b = self.fn(q_idx, k_idx)
+        target = (*self.lead, i1 - i0, j1 - j0)
+        what = f"score_bias(q_idx, k_idx) with q_idx = arange({i0}, {i1}), k_idx = arange({j0}, {j1})"
+        if not isinstance(b, torch.Tensor):
+            raise TypeError(f"{what} must return a torch.Tensor; got {type(b).__name__}")
+        if not b.dtype.is_floating_point:
+            raise TypeError(f"{what} must return a floating tensor added to the scores; got dtype {b.dtype}")
+        if b.device != self.device:
+            raise ValueError(f"{what} must return a tensor on the device of q ({self.device}); got {b.device}")
+        shape = tuple(b.shape)
+        if len(shape) > len(target) or any(n not in (1, t) for n, t in zip(shape[::-1], target[::-1], strict=False)):
+            raise ValueError(f"{what} must return a bias broadcastable to (..., bq, bk) = {target}; got shape {shape}")
+        if b.requires_grad:
+            raise ValueError(
+                f"{what} returned a tensor that requires grad (does it use a learned parameter?): tiled_attention "
+                "passes no gradient into score_bias; build that bias as a tensor and pass it as bias=... instead"
+            )
+        return _to_base2(b)
+
+
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     """Arithmetic dtype: float32 for half-precision inputs, else the input's own."""
     return torch.float32 if dtype in _HALF else dtype
@@ -180,28 +281,34 @@ def _tiles(n: int, block: int) -> list[tuple[int, int]]:
 
 
 def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, block_k: int,
-                        *, reverse_key_tiles: bool = False):
+                        *, reverse_key_tiles: bool = False, bias=None):
     """The tiled forward pass in plain torch; returns ``(out, lse)``.
 
     ``out`` (..., T, Dv) in the dtype of ``q``; ``lse`` (..., T) float32 (float64 for float64 inputs), ``-inf`` for a query that
     sees no key (its output row is zero). ``reverse_key_tiles`` visits the key tiles last to first,
-    which must not change the result (tests use it). Source: Dao et al. (2022), Algorithm 1.
+    which must not change the result (tests use it). ``bias``: None, or the tile source of an additive
+    score bias (a ``_TensorBias`` or ``_CallableBias``, as :func:`tiled_attention` builds them).
+    Source: Dao et al. (2022), Algorithm 1.
     """
-    out, lse2 = _tiled_forward_base2(q, k, v, vis, scale, block_q, block_k, reverse_key_tiles=reverse_key_tiles)
-    return out, lse2 * _LN2
+    out, m2, log2_l = _tiled_forward_base2(q, k, v, vis, scale, block_q, block_k,
+                                           reverse_key_tiles=reverse_key_tiles, bias=bias)
+    return out, (m2 + log2_l) * _LN2
 
 
 @torch.no_grad()
 def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, block_k: int,
-                         *, reverse_key_tiles: bool = False):
-    """:func:`tiled_forward_torch`, returning the base-2 ``lse2 = lse * log2 e`` that the backward
-    needs exactly as computed here."""
+                         *, reverse_key_tiles: bool = False, bias=None):
+    """:func:`tiled_forward_torch`, returning ``(out, m2, log2_l)``: the base-2 log-sum-exp
+    ``lse * log2 e = m2 + log2_l`` in the two parts that the backward needs exactly as computed here,
+    the row maximum ``m2`` of the base-2 scores (``-inf`` for a query that sees no key) and
+    ``log2_l`` (0 for such a query)."""
     T, S, Dh, Dv, lead = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.shape[:-2]
     work, dev = _work_dtype(q.dtype), q.device
     BH = math.prod(lead)
     q3 = q.reshape(BH, T, Dh)  # (..., T, Dh) -> (BH, T, Dh): one batch axis for bmm (BH or T may be 0)
     out = torch.empty(BH, T, Dv, dtype=q.dtype, device=dev)
-    lse = torch.empty(BH, T, dtype=work, device=dev)
+    row_max = torch.empty(BH, T, dtype=work, device=dev)
+    log2_sum = torch.empty(BH, T, dtype=work, device=dev)
     tile_buffer = torch.empty(BH * min(block_q, T) * min(block_k, S), dtype=work, device=dev)  # reused
     key_tiles = _tiles(S, block_k)[::-1] if reverse_key_tiles else _tiles(S, block_k)
     # Else a NaN value must reach only the rows that see it. The sum, not isfinite(v).all(): no
@@ -237,14 +344,17 @@ def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, b
             k_t, v_t = k_t.reshape(BH, j1 - j0, Dh), v_t.reshape(BH, j1 - j0, Dv)  # (..., bk, D) -> (BH, bk, D)
             s = tile_buffer[: BH * (i1 - i0) * (j1 - j0)].view(BH, i1 - i0, j1 - j0)
             torch.bmm(q_t, k_t.transpose(1, 2), out=s)  # (BH, bq, Dh) @ (BH, Dh, bk) -> (BH, bq, bk)
+            if bias is not None:  # before the hiding, so that a NaN stored in the bias at a hidden pair goes too
+                _add_bias_(s.view(*lead, *s.shape[-2:]), bias.tile(i0, i1, j0, j1, check_grad=True))
             if keep is None:
                 structural.hide_(s, i0, j0)
             elif keep is not True:
                 s.view(*lead, *s.shape[-2:]).masked_fill_(~keep, -math.inf)
             m_new = torch.maximum(m, s.amax(dim=-1))
             # A row that has seen only masked entries keeps m = -inf: shift by 0 so that
-            # exp(-inf - -inf) = NaN never happens; exp(-inf - 0) = 0 adds nothing.
-            shift = m_new if keep is True else torch.where(m_new == -math.inf, 0.0, m_new)
+            # exp(-inf - -inf) = NaN never happens; exp(-inf - 0) = 0 adds nothing. A bias of -inf can
+            # hide a whole row of a tile that the mask shows, so with a bias the guard is always on.
+            shift = m_new if (keep is True and bias is None) else torch.where(m_new == -math.inf, 0.0, m_new)
             p = torch.exp2(s.sub_(shift[..., None]), out=s)  # in place: the one tile buffer
             correction = torch.exp2(m - shift)  # (BH, bq): rescales what was summed under the old max
             l.mul_(correction).add_(p.sum(dim=-1))
@@ -259,34 +369,47 @@ def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, b
         seen = l != 0  # not `l > 0`: a NaN score (a visible NaN key) must give NaN, not a zero row
         if bool(seen.all()):  # the usual case: every query of the block saw a key
             out[:, i0:i1] = acc.div_(l[..., None])
-            lse[:, i0:i1] = m + torch.log2(l)
+            row_max[:, i0:i1], log2_sum[:, i0:i1] = m, torch.log2(l)
         else:
             out[:, i0:i1] = torch.where(seen[..., None], acc / torch.where(seen, l, 1.0)[..., None], 0.0)
-            lse[:, i0:i1] = torch.where(seen, m + torch.log2(torch.where(seen, l, 1.0)), -math.inf)
-    return out.view(*lead, T, Dv), lse.view(*lead, T)  # (BH, T, Dv) -> (..., T, Dv)
+            row_max[:, i0:i1] = torch.where(seen, m, -math.inf)
+            log2_sum[:, i0:i1] = torch.where(seen, torch.log2(torch.where(seen, l, 1.0)), 0.0)
+    # (BH, T, Dv) -> (..., T, Dv); (BH, T) -> (..., T)
+    return out.view(*lead, T, Dv), row_max.view(*lead, T), log2_sum.view(*lead, T)
 
 
 @torch.no_grad()
 def tiled_backward_torch(q, k, v, out, lse2, d_out, vis: Visibility, scale: float, block_q: int,
-                         block_k: int):
+                         block_k: int, *, bias=None):
     """Gradients of q, k, v, recomputing each tile's weights from ``lse2`` (Dao 2023, Algorithm 2).
 
-    ``lse2`` (..., T) is the base-2 log-sum-exp, ``lse * log2 e``, as the forward computed it. With
+    ``lse2`` is the base-2 log-sum-exp, ``lse * log2 e``, as the forward computed it, in its two
+    parts ``(m2, log2_l)``, each (..., T) (see :func:`_tiled_forward_base2`); a single (..., T) tensor
+    is taken as ``(lse2, 0)``. With
     ``P = exp(S - lse)``: ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - rowsum(dO * O))``,
     ``dQ = dS K * scale``, ``dK = dS^T Q * scale``. A query with ``lse = -inf`` (no visible key) has
     ``P = 0`` and so contributes zero gradients. The scores are recomputed exactly as the torch
     forward computed them (the same scaled queries, tiles and products: the scores are the
-    forward's bit for bit), so ``P`` differs from the forward's weights only by the rounding of the
-    stored ``lse2`` (half a unit in its last place, about ``|lse2| * 6e-8`` in float32), as in
-    torch's own CPU flash backward. A NaN or inf stored at a query or key reaches only the
-    gradients of the pairs the mask lets see it.
+    forward's bit for bit), and ``P = exp2((s - m2) - log2_l)`` differs from the forward's weights
+    only by the rounding of the stored ``log2_l`` (``|log2 l| <= log2 S``: about ``log2(S) * 6e-8``
+    in float32), not by a rounding at the size of the scores (torch's own CPU flash backward stores
+    ``m + log l`` rounded, about ``|lse| * 6e-8``). A NaN or inf stored at a query or key reaches only
+    the gradients of the pairs the mask lets see it.
+
+    ``bias``: the forward's tile source of an additive bias (or None): each tile's bias is recomputed
+    (sliced or called again) and added exactly as in the forward. ``dS`` is the gradient of the
+    natural-log scores, so a bias tensor's gradient is ``dS`` (zero at hidden pairs), reduced over its
+    broadcast axes; it is accumulated into ``bias.grad`` when that is not None.
     """
     T, S, Dh, Dv, lead = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.shape[:-2]
     work, dev = _work_dtype(q.dtype), q.device
     BH = math.prod(lead)
     q3, do3 = q.reshape(BH, T, Dh), d_out.reshape(BH, T, Dv)  # (..., T, D) -> (BH, T, D), as the forward
     delta = (do3.to(work) * out.reshape(BH, T, Dv).to(work)).sum(dim=-1)  # (BH, T): rowsum(dO * O)
-    lse_safe = torch.where(torch.isfinite(lse2), lse2, math.inf).reshape(BH, T).to(work)  # exp2(s - inf) = 0
+    m2, log2_l = lse2 if isinstance(lse2, tuple) else (lse2, torch.zeros_like(lse2))
+    finite = torch.isfinite(m2 + log2_l)
+    m_safe = torch.where(finite, m2, math.inf).reshape(BH, T).to(work)  # exp2(s - inf) = 0
+    log2_l_safe = torch.where(finite, log2_l, 0.0).reshape(BH, T).to(work)
     # Else a NaN query or key must reach only the pairs that see it (a sum: no (T, Dh) temporary)
     finite_qk = bool(torch.isfinite(q.sum()) & torch.isfinite(k.sum()))
     dq = torch.zeros(BH, T, Dh, dtype=work, device=dev)
@@ -304,14 +427,19 @@ def tiled_backward_torch(q, k, v, out, lse2, d_out, vis: Visibility, scale: floa
             k_t, v_t = k_t.reshape(BH, j1 - j0, Dh), v_t.reshape(BH, j1 - j0, Dv)  # (..., bk, D) -> (BH, bk, D)
             q_t, do_t = q3[:, i0:i1].to(work) * (scale * _LOG2E), do3[:, i0:i1].to(work)  # as the forward's q_t
             s = torch.bmm(q_t, k_t.transpose(1, 2))  # (BH, bq, Dh) @ (BH, Dh, bk) -> (BH, bq, bk)
+            if bias is not None:  # the forward's bias tile, added the same way: the same scores bit for bit
+                _add_bias_(s.view(*lead, *s.shape[-2:]), bias.tile(i0, i1, j0, j1))
             if keep is not True:
                 s.view(*lead, *s.shape[-2:]).masked_fill_(~keep, -math.inf)
-            p = torch.exp2(s.sub_(lse_safe[:, i0:i1, None]), out=s)  # the forward's weights
+            # the forward's weights; s - m first: exact for the scores that matter (near the max)
+            p = torch.exp2(s.sub_(m_safe[:, i0:i1, None]).sub_(log2_l_safe[:, i0:i1, None]), out=s)
             dv[:, j0:j1] += p.transpose(1, 2) @ do_t  # (BH, bk, bq) @ (BH, bq, Dv) -> (BH, bk, Dv)
             dp = do_t @ v_t.transpose(1, 2)  # (BH, bq, Dv) @ (BH, Dv, bk) -> (BH, bq, bk)
             ds = p.mul_(dp.sub_(delta[:, i0:i1, None]))  # dS = P * (dP - delta), in p's buffer
             if keep is not True:  # p = 0 there, but 0 * NaN = NaN: a non-finite value must not reach
                 ds.view(*lead, *ds.shape[-2:]).masked_fill_(~keep, 0.0)  # the queries that may not see it
+            if bias is not None and bias.grad is not None:  # d bias = dS, zero at the hidden pairs
+                bias.accumulate_grad_(ds, i0, i1, j0, j1)
             if keep is True or finite_qk:
                 dq[:, i0:i1] += (ds @ k_t) * scale  # (BH, bq, bk) @ (BH, bk, Dh) -> (BH, bq, Dh)
                 dk[:, j0:j1] += ds.transpose(1, 2) @ q_t  # (BH, bk, bq) @ (BH, bq, Dh); q_t holds scale log2 e
@@ -340,28 +468,38 @@ def pick_forward(q: torch.Tensor, vis: Visibility):
 
 class _TiledAttentionFunction(torch.autograd.Function):
     """Forward by tiles (torch loop or Triton), backward by recomputation; the weights are never
-    stored, so the memory kept for backward is q, k, v, out and lse: linear in length."""
+    stored, so the memory kept for backward is q, k, v, out and lse (and a bias tensor if one was
+    given; a score_bias is called again per tile): linear in length."""
 
     @staticmethod
-    def forward(ctx, q, k, v, vis, scale, block_q, block_k):
-        forward = pick_forward(q, vis)
+    def forward(ctx, q, k, v, vis, scale, block_q, block_k, bias=None, score_bias=None):
+        # bias: a tensor (an input of the graph, so that it can get a gradient); score_bias: a _CallableBias
+        T, S = q.shape[-2], k.shape[-2]
+        tile_bias = _TensorBias(bias, q.shape[:-2], T, S) if bias is not None else score_bias
+        # the Triton kernel has no bias: a biased call always takes the torch loop
+        forward = tiled_forward_torch if tile_bias is not None else pick_forward(q, vis)
         if forward is tiled_forward_torch:  # keep the loop's own base-2 lse: the backward needs it exact
-            out, lse2 = _tiled_forward_base2(q, k, v, vis, scale, block_q, block_k)
-            lse = lse2 * _LN2
+            out, m2, log2_l = _tiled_forward_base2(q, k, v, vis, scale, block_q, block_k, bias=tile_bias)
+            lse = (m2 + log2_l) * _LN2
         else:  # the Triton kernel works in natural log
             out, lse = forward(q, k, v, vis, scale, block_q, block_k)
-            lse2 = lse * _LOG2E
-        ctx.save_for_backward(q, k, v, out, lse2)
-        ctx.vis, ctx.scale, ctx.blocks = vis, scale, (block_q, block_k)
+            m2, log2_l = lse * _LOG2E, torch.zeros_like(lse)
+        ctx.save_for_backward(q, k, v, out, m2, log2_l, bias)
+        ctx.vis, ctx.scale, ctx.blocks, ctx.score_bias = vis, scale, (block_q, block_k), score_bias
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     @once_differentiable  # the hand-written backward is not itself differentiable: a second
     def backward(ctx, d_out, _d_lse):  # derivative raises instead of silently being zero
-        q, k, v, out, lse2 = ctx.saved_tensors
-        dq, dk, dv = tiled_backward_torch(q, k, v, out, lse2, d_out, ctx.vis, ctx.scale, *ctx.blocks)
-        return dq, dk, dv, None, None, None, None
+        q, k, v, out, m2, log2_l, bias = ctx.saved_tensors
+        needs_bias_grad = bias is not None and ctx.needs_input_grad[7]
+        tile_bias = (_TensorBias(bias, q.shape[:-2], q.shape[-2], k.shape[-2], needs_grad=needs_bias_grad,
+                                 work=_work_dtype(q.dtype)) if bias is not None else ctx.score_bias)
+        dq, dk, dv = tiled_backward_torch(q, k, v, out, (m2, log2_l), d_out, ctx.vis, ctx.scale, *ctx.blocks,
+                                          bias=tile_bias)
+        d_bias = tile_bias.grad_of_input() if needs_bias_grad else None
+        return dq, dk, dv, None, None, None, None, d_bias, None
 
 
 def validate_attention_inputs(q, k, v, mask, scale):
@@ -396,16 +534,20 @@ def causal_offset(T: int, S: int, alignment: str | None) -> int:
 
 
 def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str | None = None,
+                    bias: torch.Tensor | None = None, score_bias=None,
                     scale: float | None = None, block_q: int = DEFAULT_BLOCK_Q,
                     block_k: int = DEFAULT_BLOCK_K, return_lse: bool = False):
     """Exact scaled dot-product attention computed tile by tile with the online softmax.
 
-    Equal (to rounding) to ``selfattn.scaled_dot_product_attention(q, k, v, keep)`` where ``keep``
-    is ``mask`` and, with ``causal=True``, ``causal_mask(T, S, alignment=alignment)``; but the
-    (T, S) score matrix is never stored: extra memory is one (block_q, block_k) tile per head plus
-    the output. On CUDA with no ``mask`` the forward pass runs the Triton kernel
-    (:mod:`selfattn.efficient.triton_kernel`); the backward pass recomputes the weights tile by
-    tile from the log-sum-exp, so training memory is linear in length too.
+    Equal (to rounding) to ``selfattn.scaled_dot_product_attention(q, k, v, keep, bias=b)`` where
+    ``keep`` is ``mask`` and, with ``causal=True``, ``causal_mask(T, S, alignment=alignment)``, and
+    ``b`` is ``bias`` (or the matrix ``score_bias`` describes); but the (T, S) score matrix is never
+    stored: extra memory is one (block_q, block_k) tile per head plus the output. On CUDA with no
+    ``mask`` and no bias the forward pass runs the Triton kernel
+    (:mod:`selfattn.efficient.triton_kernel`); the kernel has no bias, so a call with ``bias`` or
+    ``score_bias`` runs the torch tile loop there instead (slower, never without the bias). The
+    backward pass recomputes the weights tile by tile from the log-sum-exp, so training memory is
+    linear in length too.
 
     Args:
         q: queries (..., T, Dh), typically (B, H, T, Dh); float32, float16 or bfloat16.
@@ -413,32 +555,58 @@ def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str 
         mask: optional boolean keep-mask (True = may attend) broadcastable to (..., T, S). Tiles in
             which it is all False are skipped.
         causal: also hide key j from query i when ``j > i`` (top-left) or ``j > i + S - T``
-            (bottom-right); tiles above the diagonal are skipped without being computed.
+            (bottom-right); tiles above the diagonal are skipped without being computed (also with
+            a bias: a skipped tile's bias is neither sliced nor computed).
         alignment: ``"top_left"`` or ``"bottom_right"``; required when ``causal`` and ``T != S``.
+        bias: optional additive float tensor broadcastable to (..., T, S), in the units of the
+            scores ``scale * q . k`` (natural log), as ``selfattn.scaled_dot_product_attention``'s
+            ``bias``; any floating dtype (converted to the float32/float64 arithmetic), on the device
+            of ``q``. Sliced one tile at a time (it is not expanded or copied; each tile's biased
+            scores pass through float64, a few float64 tiles of extra memory). If it requires grad,
+            it gets its gradient, ``dL/dscores`` (zero at hidden pairs), summed over the axes it
+            broadcasts on.
+        score_bias: optional callable ``score_bias(q_idx, k_idx) -> tensor`` for a bias that is a
+            function of positions only, such as ALiBi's
+            ``lambda qi, kj: selfattn.positions.alibi_bias(slopes, qi, kj)`` ((H, bq, bk)): so the
+            (T, S) bias is never built. Called once per computed tile, in the forward and again in
+            the backward, with the int64 query rows ``q_idx`` (bq,) and key columns ``k_idx`` (bk,)
+            of the tile (indices 0..T-1 and 0..S-1 on the device of ``q``: with bottom-right
+            alignment the query of row i usually sits at position ``i + S - T``, add it yourself).
+            It must return a floating tensor on the device of ``q``, broadcastable to
+            (..., bq, bk), in natural-log units, and depend on nothing but the positions: the same
+            values at every call, no learned parameters (no gradient flows into it; a result that
+            requires grad is refused). Not together with ``bias``.
         scale: score multiplier; default ``1 / sqrt(Dh)``.
         block_q: query rows per tile (> 0; need not divide T).
         block_k: key columns per tile (> 0; need not divide S).
-        return_lse: also return ``lse = log sum_j exp(scale * q_i . k_j)`` over the visible keys.
+        return_lse: also return ``lse = log sum_j exp(scale * q_i . k_j + bias_ij)`` over the visible keys.
 
     Returns:
-        ``out`` (..., T, Dv) in the dtype of ``q`` (scores, softmax and accumulation in float32);
-        with ``return_lse``, also ``lse`` (..., T), float32 (float64 for float64 inputs), without gradient. A query with no
-        visible key gets a zero output row, ``lse = -inf``, and zero (finite) gradients. A NaN or
-        inf stored at a hidden position reaches neither the outputs nor the gradients of the rows
-        that may not see it, whatever the block sizes. First derivatives
+        ``out`` (..., T, Dv) in the dtype of ``q`` (scores, softmax and accumulation in float32; a
+        bias is added in float64 and the sum rounded once, as torch rounds ``s + bias`` once); with ``return_lse``, also ``lse`` (..., T), float32 (float64 for float64 inputs),
+        without gradient. A query with no visible key gets a zero output row, ``lse = -inf``, and
+        zero (finite) gradients. A NaN or inf stored at a hidden position (of q, k, v or the bias)
+        reaches neither the outputs nor the gradients of the rows that may not see it, whatever
+        the block sizes; a pair hidden only by a ``-inf`` bias is not hidden in this sense (as in
+        the dense path: a NaN value there still reaches its row; but a row whose every key has bias
+        ``-inf`` is a zero row with zero gradients, where the dense path's ``0 @ v`` is NaN if a value
+        is). First derivatives
         only: the backward is hand-written and not itself differentiable, so differentiating the
         gradients again (``create_graph=True``, e.g. a gradient penalty) raises a RuntimeError
         (torch's wording depends on the call); use ``selfattn.scaled_dot_product_attention`` for that.
 
     Raises:
-        TypeError: non-tensor or non-floating inputs, different dtypes, a non-boolean mask.
+        TypeError: non-tensor or non-floating inputs, different dtypes, a non-boolean mask, a
+        ``bias`` that is not a floating tensor, a ``score_bias`` that is not callable or returns
+        something other than a floating tensor.
         TypeError also for ``causal`` or ``return_lse`` not a bool.
-        ValueError: mismatched shapes, a mask that does not broadcast to (..., T, S) or is on another
-        device than ``q``, a bad scale or
+        ValueError: mismatched shapes, a mask or bias that does not broadcast to (..., T, S) or is on
+        another device than ``q``, both ``bias`` and ``score_bias``, a ``score_bias`` result of the
+        wrong shape or device or that requires grad, a bad scale or
         block size, ``alignment`` missing when causal with T != S, or given without ``causal``.
 
     Source: chapter 10; Dao et al. (2022), FlashAttention, Algorithm 1; backward Dao (2023),
-    FlashAttention-2, Algorithm 2.
+    FlashAttention-2, Algorithm 2; ALiBi (the bias this is built for): Press et al. (2022), chapter 08.
     """
     return_lse = require_flag("return_lse", return_lse)
     scale = validate_attention_inputs(q, k, v, mask, scale)
@@ -447,9 +615,31 @@ def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str 
     if alignment is not None and not causal:
         raise ValueError(f"alignment={alignment!r} only applies with causal=True")
     T, S = q.shape[-2], k.shape[-2]
+    _validate_bias(q, k, bias, score_bias)
     offset = causal_offset(T, S, alignment) if causal else None
     if mask is not None:  # a view with real (T, S) axes, so that tiles can be sliced from it
         mask = mask.expand(*mask.shape[:-2], T, S)
     vis = Visibility(mask=mask, causal_offset=offset)
-    out, lse = _TiledAttentionFunction.apply(q, k, v, vis, scale, block_q, block_k)
+    tile_fn = None if score_bias is None else _CallableBias(score_bias, q.shape[:-2], q.device,
+                                                            grad_enabled=torch.is_grad_enabled())
+    out, lse = _TiledAttentionFunction.apply(q, k, v, vis, scale, block_q, block_k, bias, tile_fn)
     return (out, lse) if return_lse else out
+
+
+def _validate_bias(q, k, bias, score_bias) -> None:
+    """The checks of ``bias`` and ``score_bias`` (the words of ``scaled_dot_product_attention``'s)."""
+    if bias is not None and score_bias is not None:
+        raise ValueError("pass bias= or score_bias=, not both (add the two inside score_bias, or build one tensor)")
+    if bias is not None:
+        require_tensor("bias", bias)
+        if not bias.dtype.is_floating_point:
+            raise TypeError(f"bias must be a floating tensor added to the scores; got dtype {bias.dtype}")
+        if bias.device != q.device:
+            raise ValueError(f"bias must be on the device of q ({q.device}); got {bias.device}")
+        target = tuple(q.shape[:-2]) + (q.shape[-2], k.shape[-2])
+        require_broadcastable("bias", bias, target, "(..., T, S) =")
+    if score_bias is not None and not callable(score_bias):
+        raise TypeError(
+            "score_bias must be a callable score_bias(q_idx, k_idx) -> bias broadcastable to (..., bq, bk); "
+            f"got {type(score_bias).__name__}"
+        )
