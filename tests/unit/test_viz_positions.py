@@ -90,17 +90,18 @@ def test_rope_figure_every_combination_of_the_two_sliders_draws_the_right_arrows
     shifts, offsets = range(0, 12), range(-2, 6)
     fig = vp.rope_score_figure(q, k, shifts=shifts, offsets=offsets, pairs=(0, 1, 2), base=base, layout=layout)
     spec = fig.to_dict()
-    sliders = spec["layout"]["sliders"]
-    assert [len(s["steps"]) for s in sliders] == [len(shifts), len(offsets)]
-    assert sliders[0]["currentvalue"]["prefix"].startswith("key position n")
-    assert sliders[1]["currentvalue"]["prefix"].startswith("offset m − n")
+    (slider,) = spec["layout"]["sliders"]  # one slider: the book's browser tests drive one per figure
+    (menu,) = spec["layout"]["updatemenus"]
+    assert len(slider["steps"]) == len(shifts) and [b["label"] for b in menu["buttons"]] == [str(d) for d in offsets]
+    assert slider["currentvalue"]["prefix"].startswith("key position n")
+    assert menu["name"] == "offset m − n" and menu["type"] == "buttons"
     qn, kn = q.numpy(), k.numpy()
     feats = [(2 * i, 2 * i + 1) if layout == "interleaved" else (i, i + 4) for i in (0, 1, 2)]
     marker = spec["data"][-1]
     checked = 0
     for (sn, n), (so, d) in itertools.product(enumerate(shifts), enumerate(offsets)):
         # Either order of moving the sliders must give the same picture.
-        for order in ((sliders[0]["steps"][sn], sliders[1]["steps"][so]), (sliders[1]["steps"][so], sliders[0]["steps"][sn])):
+        for order in ((slider["steps"][sn], menu["buttons"][so]), (menu["buttons"][so], slider["steps"][sn])):
             state = copy.deepcopy(spec)
             for step in order:
                 _apply(state, step)
@@ -131,8 +132,8 @@ def test_rope_figure_initial_state_is_the_first_step_of_both_sliders():
     fig = vp.rope_score_figure(q, k, shifts=range(3, 9), offsets=range(1, 4))
     spec = fig.to_dict()
     state = copy.deepcopy(spec)
-    for s in spec["layout"]["sliders"]:
-        _apply(state, s["steps"][0])
+    _apply(state, spec["layout"]["sliders"][0]["steps"][0])
+    _apply(state, spec["layout"]["updatemenus"][0]["buttons"][0])
     for before, after in zip(spec["data"], state["data"], strict=True):
         for key in ("x", "y", "theta", "r"):
             if key in before:
@@ -152,17 +153,16 @@ def test_rope_score_is_flat_along_each_offset_and_described():
         assert abs(data["scores"][i, 10] - want) <= 1e-12
     np.testing.assert_allclose(data["theta"], 10000.0 ** (-np.arange(0, 16, 2) / 16), rtol=1e-15)
     text = figure_description(vp.rope_score_figure(q, k))
-    assert "Two sliders" in text and "does not change" in text and "offset 0:" in text
+    assert "buttons pick the offset" in text and "does not change" in text and "offset 0:" in text
 
 
 def test_rope_view_matches_the_figure_at_the_same_positions():
     q, k = _qk()
     view = vp.rope_score_view(q, k, 7, 3)
-    assert not view.layout.sliders and figure_description(view).startswith("Query at position 7, key at position 3.")
+    assert not view.layout.sliders and not view.layout.updatemenus and figure_description(view).startswith("Query at position 7, key at position 3.")
     state = copy.deepcopy(vp.rope_score_figure(q, k).to_dict())
-    sliders = state["layout"]["sliders"]
-    _apply(state, sliders[0]["steps"][3])
-    _apply(state, sliders[1]["steps"][4])
+    _apply(state, state["layout"]["sliders"][0]["steps"][3])
+    _apply(state, state["layout"]["updatemenus"][0]["buttons"][4])
     spec = view.to_dict()
     for j in range(2):
         polar = "polar" if j == 0 else f"polar{j + 1}"

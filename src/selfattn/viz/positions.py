@@ -3,11 +3,11 @@
 Every builder returns a plotly Figure with a text description attached (never shows it). The
 static figures carry sliders, so a reader of the book explores them with no kernel;
 :func:`rope_score_view` is the single view that :func:`rope_explorer_widget` (ipywidgets, live
-kernel) re-displays, and every slider position of :func:`rope_score_figure` draws exactly that view.
+kernel) re-displays, and every setting of :func:`rope_score_figure`'s controls draws exactly that view.
 
 - :func:`rope_score_figure`: one feature pair of q and k drawn as arrows, turned by ``m theta_i``
-  and ``n theta_i``, and the score ``q_m . k_n`` along the line ``m - n = const``; one slider moves
-  both positions together (the key position n), the other the offset ``m - n`` (claim 23).
+  and ``n theta_i``, and the score ``q_m . k_n`` along the line ``m - n = const``; a slider moves
+  both positions together (the key position n), buttons pick the offset ``m - n`` (claim 23).
 - :func:`alibi_bias_figure`, :func:`alibi_distance_figure`: ALiBi's bias per head (heatmap with a
   head slider; lines of bias against distance).
 - :func:`extrapolation_figure`, :func:`extrapolation_bars_figure`: loss per position past the
@@ -236,6 +236,8 @@ def _rope_base(data: dict, n: int, d: int) -> go.Figure:
                      range=[x[0] - 0.5, x[-1] + 0.5])
     fig.update_yaxes(title_text="score q_m · k_n", range=[lo - pad, hi + pad], row=2, col=1)
     fig.layout.annotations[P].text = _score_title(d, float(scores[a].mean()))
+    for note in fig.layout.annotations[:P]:
+        note.font, note.yshift = {"size": 12}, 12  # the pair titles share a phone's width; clear of a tip label
     fig.update_layout(template="plotly_white", height=760, autosize=True, showlegend=False,
                       margin={"t": 60, "b": 40, "l": 60, "r": 20})
     return fig
@@ -282,15 +284,18 @@ def rope_score_view(q, k, m: int, n: int, *, shifts: Sequence[int] = range(16), 
 def rope_score_figure(q, k, *, shifts: Sequence[int] = range(16), offsets: Sequence[int] = range(8),
                       pairs: Sequence[int] | None = None, base: float = 10000.0,
                       layout: str = "interleaved") -> go.Figure:
-    """RoPE's relative score, explorable with no kernel: two sliders, key position n and offset m - n.
+    """RoPE's relative score, explorable with no kernel: a slider for the key position n, a row of
+    buttons for the offset m - n.
 
-    Slider 0 (key position n) moves both positions together: it turns every arrow panel by
-    ``n theta_i`` (the panel's angular axis) and moves the marker along the line; the score does not
-    change. Slider 1 (offset) turns the q arrows ``d theta_i`` ahead of the k arrows and moves the
-    bright line and the marker to that offset's score. The two restyle different attributes, so
-    they combine: at slider positions (n, d) the k arrow of pair i is drawn at
+    The slider moves both positions together: it turns every arrow panel by ``n theta_i`` (the
+    panel's angular axis) and moves the marker along the line; the score does not change. The
+    offset buttons turn the q arrows ``d theta_i`` ahead of the k arrows and move the bright line
+    and the marker to that offset's score. The two controls restyle different attributes, so they
+    combine: at key position n and offset d the k arrow of pair i is drawn at
     ``phase(k_i) + n theta_i``, the q arrow at ``phase(q_i) + (n + d) theta_i``, the marker at
-    ``apply_rope(q, n + d) . apply_rope(k, n)`` (tested for every combination).
+    ``apply_rope(q, n + d) . apply_rope(k, n)`` (tested for every combination). The offset is a
+    menu, not a second slider: the book's browser tests drive one plotly slider per figure, and a
+    row of buttons shows every offset at once (a drop-down beyond 12 offsets).
 
     Args: as :func:`rope_score_data`.
 
@@ -312,30 +317,33 @@ def rope_score_figure(q, k, *, shifts: Sequence[int] = range(16), offsets: Seque
     } for n in data["shifts"]]  # fmt: skip
     # One update for arrows (polar: theta) and line and marker (cartesian: y); null leaves an
     # attribute the trace type does not have at its default (plotly.js restyle: null = default).
-    offset_steps = []
+    offset_buttons = []
     for i, d in enumerate(data["offsets"]):
         scores = data["scores"][i]
-        offset_steps.append({
+        offset_buttons.append({
             "label": str(d), "method": "update",
             "args": [{"theta": [_q_theta(data, j, d) for j in range(P)] + [None, None],
                       "y": [None] * P + [scores.tolist(), [float(scores.mean())]]},
                      {f"annotations[{P}].text": _score_title(d, float(scores.mean()))},
                      q_traces + [line, marker]],
         })  # fmt: skip
+    row = len(offset_buttons) <= 12
     fig.update_layout(
-        height=860, margin={"t": 60, "b": 170},
-        sliders=[
-            {"active": 0, "currentvalue": {"prefix": "key position n = "}, "steps": shift_steps,
-             "x": 0.0, "len": 1.0, "y": -0.06, "yanchor": "top", "pad": {"t": 10}},
-            {"active": 0, "currentvalue": {"prefix": "offset m − n = "}, "steps": offset_steps,
-             "x": 0.0, "len": 1.0, "y": -0.2, "yanchor": "top", "pad": {"t": 10}},
-        ],
+        height=840, margin={"t": 130, "b": 110},
+        sliders=[{"active": 0, "currentvalue": {"prefix": "key position n = "}, "steps": shift_steps,
+                  "x": 0.0, "len": 1.0, "y": -0.06, "yanchor": "top", "pad": {"t": 10}}],
+        updatemenus=[{"type": "buttons" if row else "dropdown", "direction": "right" if row else "down",
+                      "name": "offset m − n", "buttons": offset_buttons, "active": 0, "showactive": True,
+                      "x": 0.0, "xanchor": "left", "y": 1.06, "yanchor": "bottom", "pad": {"t": 0, "r": 0}}],
     )  # fmt: skip
+    # The buttons' label sits above them (beside them, a phone's width has no room for both).
+    fig.add_annotation(text="offset m − n:", x=0.0, xref="paper", xanchor="left", y=1.06, yref="paper",
+                       yanchor="bottom", yshift=30, showarrow=False)
     # The marker's y is the offset's score whatever n is (the line is flat): the same number the
-    # offset slider writes, so each slider sets its own attribute of the marker.
+    # offset buttons write, so each control sets its own attribute of the marker.
     fig.data[marker].y = [float(data["scores"][0].mean())]
-    return describe(fig, "Two sliders: the key position n (both positions move together) and the offset m − n. "
-                         + _rope_description(data))
+    return describe(fig, "A slider moves the key position n (both positions move together); buttons pick the "
+                         "offset m − n. " + _rope_description(data))
 
 
 def rope_explorer_widget(q, k, *, m: int = 5, n: int = 2, max_position: int = 31,
