@@ -406,3 +406,14 @@ def test_every_figure_is_described_and_fills_the_column():
     for fig in figures:
         assert isinstance(fig, go.Figure) and len(figure_description(fig)) > 80
         assert fig.layout.width is None and fig.layout.xaxis.title.text
+
+
+def test_rope_figure_uses_a_drop_down_for_many_offsets():
+    q, k = _qk()
+    fig = vp.rope_score_figure(q, k, shifts=range(4), offsets=range(-8, 9))
+    menu = fig.layout.updatemenus[0]
+    assert menu.type == "dropdown" and len(menu.buttons) == 17
+    state = copy.deepcopy(fig.to_dict())
+    _apply(state, state["layout"]["updatemenus"][0]["buttons"][0])  # offset -8
+    _apply(state, state["layout"]["sliders"][0]["steps"][3])  # n = 3, m = -5
+    assert abs(state["data"][-1]["y"][0] - _package_score(q, k, -5, 3, 10000.0, "interleaved")) <= 1e-12
