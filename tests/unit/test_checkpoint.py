@@ -13,24 +13,35 @@ from selfattn.experiments.retrieval import RetrievalConfig, RetrievalModel
 from selfattn.models.gpt import GPT, GPTConfig
 
 
-def _gpt():
+def _gpt(positions="rope", rope_base=10000.0):
     torch.manual_seed(0)
     return GPT(
-        GPTConfig(vocab_size=11, block_size=8, d_model=16, n_heads=2, n_layers=2, d_ff=32)
+        GPTConfig(vocab_size=11, block_size=8, d_model=16, n_heads=2, n_layers=2, d_ff=32,
+                  positions=positions, rope_base=rope_base)
     ).eval()
 
 
-def test_round_trip_restores_every_tensor_the_config_and_the_outputs(tmp_path):
-    model = _gpt()
+@pytest.mark.parametrize(
+    ("positions", "rope_base"), [("rope", 10000.0), ("rope", 500000.0), ("learned", 10000.0), ("alibi", 10000.0)]
+)
+def test_round_trip_restores_every_tensor_the_config_and_the_outputs(tmp_path, positions, rope_base):
+    model = _gpt(positions, rope_base)
     path = save_checkpoint(model, tmp_path / "sub" / "gpt.safetensors", extra={"corpus": "test"})
     loaded = load_checkpoint(path, GPT, GPTConfig)
     assert loaded.config == model.config and not loaded.training
+    assert (loaded.config.positions, loaded.config.rope_base) == (positions, rope_base)
+    assert type(loaded.positions) is type(model.positions)
     a, b = model.state_dict(), loaded.state_dict()
     assert a.keys() == b.keys()
+    assert ("positions.weight" in a) == (positions == "learned")  # only a learned table is a tensor
     for name in a:
         assert torch.equal(a[name], b[name]), name
-    ids = torch.randint(0, 11, (2, 8), generator=torch.Generator().manual_seed(1))
+    T = 8 if positions == "learned" else 20  # past block_size where the scheme can
+    ids = torch.randint(0, 11, (2, T), generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(loaded(ids), model(ids), rtol=0, atol=0)
+    if positions == "rope":  # the base is part of the model: another base gives other logits
+        other = _gpt("rope", 10000.0 if rope_base != 10000.0 else 500000.0)
+        assert (other(ids) - model(ids)).abs().max() > 1e-3
 
 
 def test_metadata_holds_the_config_as_json_and_the_extras(tmp_path):
@@ -38,8 +49,9 @@ def test_metadata_holds_the_config_as_json_and_the_extras(tmp_path):
     path = save_checkpoint(model, tmp_path / "gpt.safetensors", extra={"val_loss": "1.5"})
     meta = read_metadata(path)
     assert meta["format"] == "selfattn" and meta["model_class"] == "GPT"
-    assert meta["config_class"] == "TinyLMConfig"
-    assert json.loads(meta["config"])["d_model"] == 16
+    assert meta["config_class"] == "GPTConfig"
+    config = json.loads(meta["config"])
+    assert config["d_model"] == 16 and config["positions"] == "rope" and config["rope_base"] == 10000.0
     assert meta["val_loss"] == "1.5"
     # The file is plain safetensors: the tensors read back with safetensors alone.
     raw = load_file(str(path))

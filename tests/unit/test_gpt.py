@@ -1,23 +1,31 @@
-"""selfattn.models.gpt: causal by construction, the KV-cached path equals the full one, generation
-with and without the cache gives the same tokens, the training loop and the baselines."""
+"""selfattn.models.gpt: the model equals its written-out definition for every position scheme, is
+causal by construction, the KV-cached path equals the full one and generation with and without the
+cache gives the same tokens (every scheme, past block_size for the unbounded ones), learned positions
+refuse to run past their table, the training loop and the baselines."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from selfattn import causal_mask
 from selfattn.efficient import KVCache
 from selfattn.models.gpt import GPT, GPTConfig, evaluate_loss, train_lm, unigram_cross_entropy
-from selfattn.models.tiny_lm import TinyLM
+from selfattn.models.tiny_lm import TinyLM, TinyLMConfig
+from selfattn.positions import POSITION_SCHEMES
+
+UNBOUNDED = [s for s in POSITION_SCHEMES if s != "learned"]
 
 
-def _model(seed=0, n_layers=2, block_size=16):
+def _model(seed=0, n_layers=2, block_size=16, positions="rope", n_heads=3, d_model=24):
     torch.manual_seed(seed)
     config = GPTConfig(
-        vocab_size=13, block_size=block_size, d_model=24, n_heads=3, n_layers=n_layers, d_ff=48
+        vocab_size=13, block_size=block_size, d_model=d_model, n_heads=n_heads, n_layers=n_layers,
+        d_ff=48, positions=positions,
     )
     model = GPT(config).eval()
     # Trained-looking weights: larger than the init so that the logits are not all alike.
@@ -27,54 +35,140 @@ def _model(seed=0, n_layers=2, block_size=16):
     return model
 
 
-def test_forward_equals_tiny_lm_with_the_causal_mask():
-    model = _model()
-    tiny = TinyLM(model.config).eval()
-    tiny.load_state_dict(model.state_dict())  # same parameter names: the state dict moves as is
-    ids = torch.randint(0, 13, (2, 10), generator=torch.Generator().manual_seed(1))
+def _ids(B, T, seed):
+    return torch.randint(0, 13, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+# ----------------------------------------------------------------------------------------------
+# An independent, written-out reference: torch's own SDPA with an additive float mask, RoPE through
+# complex multiplication, the sinusoids and ALiBi's slopes from the papers' formulas.
+# ----------------------------------------------------------------------------------------------
+
+
+def _rope_reference(x, base):
+    """Half layout (pair i = features i, i + Dh/2), position m turns pair i by m * base^(-2i/Dh)."""
+    T, Dh = x.shape[-2], x.shape[-1]
+    theta = base ** (-torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)  # (Dh/2,)
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * theta[None]  # (T, Dh/2)
+    z = torch.complex(x[..., : Dh // 2].double(), x[..., Dh // 2 :].double())
+    z = z * torch.polar(torch.ones_like(angle), angle)
+    return torch.cat([z.real, z.imag], dim=-1).to(x.dtype)
+
+
+def _reference_logits(model, ids):
+    cfg = model.config
+    B, T = ids.shape
+    H, Dh, D = cfg.n_heads, cfg.d_head, cfg.d_model
+    x = model.token_embedding.weight[ids]  # (B, T, D)
+    if cfg.positions == "learned":
+        x = x + model.positions.weight[:T]
+    if cfg.positions == "sinusoidal":
+        p = torch.arange(T, dtype=torch.float64)[:, None]
+        w = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+        pe = torch.zeros(T, D, dtype=torch.float64)
+        pe[:, 0::2], pe[:, 1::2] = torch.sin(p * w), torch.cos(p * w)
+        x = x + pe.float()
+    offsets = torch.arange(T)[:, None] - torch.arange(T)[None, :]  # (T, T): i - j
+    additive = torch.zeros(H, T, T).masked_fill(offsets < 0, float("-inf"))
+    if cfg.positions == "alibi":  # H a power of two: slopes 2^(-8 (h+1) / H)
+        slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)])
+        additive = additive - slopes[:, None, None] * offsets.float()
+    for block in model.blocks:
+        a, h = block.attn, block.ln1(x)
+        q, k, v = ((h @ W + b).view(B, T, H, Dh).transpose(1, 2)
+                   for W, b in ((a.W_Q, a.b_Q), (a.W_K, a.b_K), (a.W_V, a.b_V)))
+        if cfg.positions == "rope":
+            q, k = _rope_reference(q, cfg.rope_base), _rope_reference(k, cfg.rope_base)
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=additive)  # (B, H, T, Dh)
+        x = x + context.transpose(1, 2).reshape(B, T, D) @ a.W_O + a.b_O
+        x = x + block.ffn(block.ln2(x))
+    return model.lm_head(model.ln_f(x))
+
+
+@pytest.mark.parametrize("positions", POSITION_SCHEMES)
+def test_forward_equals_the_written_out_definition(positions):
+    model = _model(positions=positions, n_heads=4, d_model=32, block_size=8)
+    T = 8 if positions == "learned" else 13  # the unbounded schemes also past block_size
+    ids = _ids(2, T, 1)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), _reference_logits(model, ids), rtol=0, atol=2e-5)
+
+
+def test_learned_positions_equal_tiny_lm_with_the_causal_mask():
+    # Adapted from the old test that moved a GPT state dict into a TinyLM as is: with positions
+    # "learned" the GPT is chapter 04's TinyLM with the causal mask; the table is now the scheme's
+    # ``positions.weight`` instead of TinyLM's ``position_embedding``, everything else keeps its name.
+    model = _model(positions="learned")
+    c = model.config
+    tiny = TinyLM(TinyLMConfig(c.vocab_size, c.block_size, c.d_model, c.n_heads, c.n_layers, c.d_ff)).eval()
+    state = dict(model.state_dict())
+    state["position_embedding"] = state.pop("positions.weight")
+    tiny.load_state_dict(state, strict=True)
+    ids = _ids(2, 10, 1)
     torch.testing.assert_close(model(ids), tiny(ids, causal_mask(10)), rtol=0, atol=1e-6)
+    # Without positions it is TinyLM with an all-zero table; RoPE's model has no position parameter.
+    none = _model(positions="none")
+    state = dict(none.state_dict(), position_embedding=torch.zeros(c.block_size, c.d_model))
+    tiny.load_state_dict(state, strict=True)
+    torch.testing.assert_close(none(ids), tiny(ids, causal_mask(10)), rtol=0, atol=1e-6)
+    assert not any("position" in name for name in _model(positions="rope").state_dict())
 
 
-def test_logits_at_t_ignore_later_tokens_and_weights_are_causal():
-    model = _model()
-    ids = torch.randint(0, 13, (2, 12), generator=torch.Generator().manual_seed(2))
-    changed = ids.clone()
-    changed[:, 7:] = (changed[:, 7:] + 5) % 13
+def test_every_scheme_gets_the_same_initial_parameters_for_one_seed():
+    # The scheme is built last, so comparisons of schemes start from the same weights.
+    torch.manual_seed(0)
+    base = GPT(GPTConfig(vocab_size=13, block_size=8, d_model=24, n_heads=3, positions="none")).state_dict()
+    for positions in POSITION_SCHEMES:
+        torch.manual_seed(0)
+        state = GPT(GPTConfig(vocab_size=13, block_size=8, d_model=24, n_heads=3, positions=positions)).state_dict()
+        for name, t in base.items():
+            assert torch.equal(state[name], t), (positions, name)
+
+
+@pytest.mark.parametrize("positions", POSITION_SCHEMES)
+def test_logits_at_t_ignore_later_tokens_and_weights_are_causal(positions):
+    model = _model(positions=positions)
+    T = 16 if positions == "learned" else 24  # past block_size=16 where the scheme can
+    ids = _ids(2, T, 2)
     logits, weights = model(ids, return_weights=True)
-    torch.testing.assert_close(logits[:, :7], model(changed)[:, :7], rtol=0, atol=1e-6)
-    assert len(weights) == 2 and weights[0].shape == (2, 3, 12, 12)
-    upper = torch.triu(torch.ones(12, 12, dtype=torch.bool), diagonal=1)
+    assert torch.isfinite(logits).all()
+    for t in (0, 7, T - 2):
+        changed = ids.clone()
+        changed[:, t + 1 :] = (changed[:, t + 1 :] + 5) % 13
+        torch.testing.assert_close(logits[:, : t + 1], model(changed)[:, : t + 1], rtol=0, atol=1e-5)
+        assert (logits[:, t + 1 :] - model(changed)[:, t + 1 :]).abs().max() > 1e-3  # later ones do change
+    assert len(weights) == 2 and weights[0].shape == (2, 3, T, T)
+    upper = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
     for w in weights:
         assert torch.isfinite(w).all()
         assert w[..., upper].abs().max().item() == 0.0
-        torch.testing.assert_close(w.sum(-1), torch.ones(2, 3, 12), rtol=0, atol=1e-5)
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, 3, T), rtol=0, atol=1e-5)
 
 
-def test_forward_cached_step_by_step_equals_full_forward():
-    model = _model()
-    ids = torch.randint(0, 13, (3, 11), generator=torch.Generator().manual_seed(3))
+@pytest.mark.parametrize("positions", POSITION_SCHEMES)
+def test_forward_cached_step_by_step_equals_full_forward(positions):
+    model = _model(positions=positions)
+    T = 16 if positions == "learned" else 30  # past block_size=16 where the scheme can
+    ids = _ids(3, T, 3)
     full = model(ids)
     caches = [KVCache() for _ in model.blocks]
-    chunks = [
-        model.forward_cached(ids[:, :4], caches)
-    ]  # a 4-token prompt, then one token at a time
-    chunks += [model.forward_cached(ids[:, t : t + 1], caches) for t in range(4, 11)]
+    chunks = [model.forward_cached(ids[:, :4], caches)]  # a 4-token prompt,
+    chunks += [model.forward_cached(ids[:, 4:7], caches)]  # a chunk of 3, then one token at a time
+    chunks += [model.forward_cached(ids[:, t : t + 1], caches) for t in range(7, T)]
     torch.testing.assert_close(torch.cat(chunks, dim=1), full, rtol=1e-5, atol=1e-5)
-    assert len(caches[0]) == 11
+    assert len(caches[0]) == T and len(caches[1]) == T
 
 
 @pytest.mark.parametrize("greedy", [True, False])
-def test_generate_with_cache_equals_without_token_by_token(greedy):
-    model = _model()
-    prompt = torch.randint(0, 13, (4, 3), generator=torch.Generator().manual_seed(4))
+@pytest.mark.parametrize("positions", POSITION_SCHEMES)
+def test_generate_with_cache_equals_without_token_by_token(positions, greedy):
+    model = _model(positions=positions)
+    prompt = _ids(4, 3, 4)
+    n_new = 13 if positions == "learned" else 37  # to 40 tokens, past block_size=16, where it can
     kw = dict(greedy=greedy, temperature=0.9)
-    with_cache = model.generate(
-        prompt, 12, generator=torch.Generator().manual_seed(5), use_cache=True, **kw
-    )
-    without = model.generate(
-        prompt, 12, generator=torch.Generator().manual_seed(5), use_cache=False, **kw
-    )
-    assert with_cache.shape == (4, 15)
+    with_cache = model.generate(prompt, n_new, generator=torch.Generator().manual_seed(5), use_cache=True, **kw)
+    without = model.generate(prompt, n_new, generator=torch.Generator().manual_seed(5), use_cache=False, **kw)
+    assert with_cache.shape == (4, 3 + n_new)
     assert torch.equal(with_cache[:, :3], prompt)
     assert torch.equal(with_cache, without)
 
@@ -82,8 +176,8 @@ def test_generate_with_cache_equals_without_token_by_token(greedy):
 def test_greedy_generation_is_the_argmax_of_the_full_forward():
     model = _model()
     prompt = torch.tensor([[1, 2, 3]])
-    out = model.generate(prompt, 5, greedy=True)
-    for t in range(3, 8):
+    out = model.generate(prompt, 20, greedy=True)  # to 23 tokens, past block_size=16
+    for t in range(3, 23):
         assert out[0, t].item() == model(out[:, :t])[0, -1].argmax().item()
 
 
@@ -97,19 +191,58 @@ def test_seeded_sampling_is_reproducible_and_temperature_matters():
     assert torch.equal(cold, model.generate(prompt, 15, greedy=True))
 
 
+def test_learned_positions_cannot_run_past_their_table():
+    model = _model(positions="learned", block_size=8)
+    table = r"exceeds? the learned position table of 8 rows \(block_size=8\)"
+    with pytest.raises(ValueError, match=table + r".*input_ids of shape \(1, 9\)"):
+        model(torch.zeros(1, 9, dtype=torch.int64))
+    with pytest.raises(ValueError, match=table):
+        model.generate(torch.tensor([[1, 2]]), 7)
+    caches = [KVCache() for _ in model.blocks]
+    model.forward_cached(torch.zeros(1, 8, dtype=torch.int64), caches)  # fills the table exactly
+    with pytest.raises(ValueError, match=r"positions 8\.\.8 " + table):
+        model.forward_cached(torch.zeros(1, 1, dtype=torch.int64), caches)
+    assert model.generate(torch.tensor([[1, 2]]), 6).shape == (1, 8)  # up to the table is fine
+    # Every other scheme runs there.
+    for positions in UNBOUNDED:
+        logits = _model(positions=positions, block_size=8)(torch.zeros(1, 20, dtype=torch.int64))
+        assert logits.shape == (1, 20, 13) and torch.isfinite(logits).all()
+
+
+def test_config_is_validated_and_frozen():
+    with pytest.raises(ValueError, match=r"positions must be one of \('learned'.*got 'absolute'"):
+        GPTConfig(vocab_size=5, positions="absolute")
+    for bad in (1.0, 0, math.inf, math.nan, True, "10000"):
+        with pytest.raises(ValueError, match="rope_base must be a finite number > 1"):
+            GPTConfig(vocab_size=5, rope_base=bad)
+    with pytest.raises(ValueError, match=r"positions='rope' does not fit d_model=6, n_heads=2 \(d_head=3\)"):
+        GPTConfig(vocab_size=5, d_model=6, n_heads=2, d_ff=8)
+    GPTConfig(vocab_size=5, d_model=6, n_heads=2, d_ff=8, positions="alibi")  # odd d_head is fine there
+    with pytest.raises(ValueError, match="divisible"):
+        GPTConfig(vocab_size=5, d_model=10, n_heads=3)
+    config = GPTConfig(vocab_size=5)
+    assert (config.positions, config.rope_base, config.block_size) == ("rope", 10000.0, 64)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.positions = "learned"
+    with pytest.raises(TypeError, match="config must be a GPTConfig; got TinyLMConfig"):
+        GPT(TinyLMConfig(vocab_size=5))
+    assert GPT(GPTConfig(vocab_size=5, rope_base=500000.0)).positions.base == 500000.0
+
+
 def test_generate_rejects_bad_arguments():
     model = _model(block_size=8)
     prompt = torch.tensor([[1, 2]])
-    with pytest.raises(ValueError, match="block_size=8"):
-        model.generate(prompt, 7)
     with pytest.raises((TypeError, ValueError), match="max_new_tokens"):
         model.generate(prompt, 0)
     with pytest.raises(ValueError, match="temperature"):
         model.generate(prompt, 2, temperature=0.0)
-    with pytest.raises(ValueError, match="caches"):
+    with pytest.raises(ValueError, match=r"caches must hold one KVCache per layer \(2\); got 1"):
         model.forward_cached(prompt, [KVCache()])
-    with pytest.raises(ValueError, match="block_size=8"):
-        model(torch.zeros(1, 9, dtype=torch.int64))
+    uneven = [KVCache() for _ in model.blocks]
+    model.forward_cached(prompt, uneven)
+    uneven[1] = KVCache()  # one layer's cache lost its positions
+    with pytest.raises(ValueError, match=r"same number of positions; got lengths \[2, 0\]"):
+        model.forward_cached(prompt, uneven)
 
 
 def test_unigram_cross_entropy_against_the_formula():
@@ -122,11 +255,13 @@ def test_unigram_cross_entropy_against_the_formula():
         unigram_cross_entropy(train, val[None], 4)
 
 
-def test_training_beats_the_uniform_baseline_and_logs_validation():
+@pytest.mark.parametrize("positions", ["rope", "learned"])
+def test_training_beats_the_uniform_baseline_and_logs_validation(positions):
     torch.manual_seed(0)
     # A periodic sequence: predictable from context, so training must drive the loss far below log V.
     ids = torch.arange(600) % 7
-    model = GPT(GPTConfig(vocab_size=7, block_size=8, d_model=16, n_heads=2, n_layers=1, d_ff=32))
+    model = GPT(GPTConfig(vocab_size=7, block_size=8, d_model=16, n_heads=2, n_layers=1, d_ff=32,
+                          positions=positions))
     log = train_lm(
         model,
         ids,

@@ -1,9 +1,25 @@
 """Small models built from the package's own pieces, trained in the chapters.
 
-``tiny_lm``: a character-level next-token model (token and position embeddings, pre-norm
+``tiny_lm``: a character-level next-token model (token and learned position embeddings, pre-norm
 Transformer blocks, a linear read-out), trained with and without the causal mask in chapter 04.
+``gpt``: the capstone decoder (chapter 12): causal by construction, with a position scheme from
+:mod:`selfattn.positions` (RoPE by default; chapter 08 compares them), a KV-cached generation path,
+a training loop with validation.
 """
 
+from .gpt import GPT, GPTConfig, TrainingLog, evaluate_loss, train_lm, unigram_cross_entropy
 from .tiny_lm import TinyLM, TinyLMConfig, blind_next_token_loss, next_token_loss, train_next_token
 
-__all__ = ["TinyLMConfig", "TinyLM", "next_token_loss", "blind_next_token_loss", "train_next_token"]
+__all__ = [
+    "TinyLMConfig",
+    "TinyLM",
+    "next_token_loss",
+    "blind_next_token_loss",
+    "train_next_token",
+    "GPTConfig",
+    "GPT",
+    "TrainingLog",
+    "train_lm",
+    "evaluate_loss",
+    "unigram_cross_entropy",
+]

@@ -1,14 +1,19 @@
-"""The capstone decoder-only model: chapter 04's next-token model, causal by construction, with a
-key/value cache for generation, a training loop with validation, and sampling.
+"""The capstone decoder-only model: token embedding, a position scheme, causal pre-norm blocks and a
+read-out, with a key/value cache for generation, a training loop with validation, and sampling.
 
-:class:`GPT` has the parts of :class:`~selfattn.models.tiny_lm.TinyLM` (token embedding plus learned
-position embedding, pre-norm :class:`~selfattn.block.TransformerBlock` layers, a final layer norm, a
-linear read-out) and the same parameter names, so a state dict moves between them. What it adds:
-the causal mask is applied inside :meth:`GPT.forward` (a decoder never reads the future), the
-attention weights of every layer can be returned, and :meth:`GPT.generate` decodes with or without
-a :class:`~selfattn.efficient.KVCache` per layer, giving the same tokens either way.
+:class:`GPT` has the parts of chapter 04's :class:`~selfattn.models.tiny_lm.TinyLM` (token
+embedding, pre-norm :class:`~selfattn.block.TransformerBlock` layers, a final layer norm, a linear
+read-out) and one more: a position scheme from :mod:`selfattn.positions` (``GPTConfig.positions``:
+learned, sinusoidal, RoPE, ALiBi or none; RoPE by default). The model holds the scheme object and
+calls its three methods at fixed places, never branching on its kind: ``add_absolute`` on the
+embeddings, ``rotate`` on every layer's queries and keys, ``score_bias`` on the scores. The causal
+mask is applied inside :meth:`GPT.forward` (a decoder never reads the future), the attention weights
+of every layer can be returned, and :meth:`GPT.generate` decodes with or without a
+:class:`~selfattn.efficient.KVCache` per layer, giving the same tokens either way. Except with
+learned positions, it runs on sequences longer than the ``block_size`` it was trained at.
 
-Introduced in chapter 12 (Radford et al. 2018's decoder-only layout, with pre-norm blocks).
+Introduced in chapter 12 (Radford et al. 2018's decoder-only layout, with pre-norm blocks); the
+position schemes are compared in chapter 08.
 """
 
 from __future__ import annotations
@@ -18,15 +23,18 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from .._validate import require_flag, require_positive_int, require_rank, require_tensor, shape_of
 from ..attention import scaled_dot_product_attention
-from ..block import TransformerBlock
+from ..block import BlockConfig, TransformerBlock
 from ..data import random_windows
 from ..efficient import KVCache
+from ..embeddings import TokenEmbedding
 from ..masks import causal_mask
 from ..multihead import merge_heads, split_heads
-from .tiny_lm import TinyLM, TinyLMConfig, next_token_loss
+from ..positions import POSITION_SCHEMES, make_positions
+from .tiny_lm import next_token_loss
 
 __all__ = [
     "GPTConfig",
@@ -37,16 +45,97 @@ __all__ = [
     "unigram_cross_entropy",
 ]
 
-#: The GPT's sizes are chapter 04's: vocabulary, block size (longest input), d_model, n_heads,
-#: n_layers, d_ff. One config class for both models, so their checkpoints are interchangeable.
-GPTConfig = TinyLMConfig
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Sizes and position scheme of a :class:`GPT`, validated at construction.
+
+    Attributes:
+        vocab_size: V, number of token ids (> 0).
+        block_size: the training length (> 0): :func:`train_lm` and :func:`evaluate_loss` use windows
+            of this many tokens, and a learned position table has this many rows. The other schemes
+            run on longer inputs too.
+        d_model: width D (> 0), divisible by ``n_heads``. n_heads: H (> 0).
+        n_layers: number of Transformer blocks (> 0). d_ff: feed-forward width F (> 0).
+        positions: the position scheme, one of :data:`selfattn.positions.POSITION_SCHEMES`
+            (``"learned"``, ``"sinusoidal"``, ``"rope"``, ``"alibi"``, ``"none"``).
+        rope_base: RoPE's frequency base (a finite number > 1; used only by ``"rope"``).
+
+    Raises:
+        ValueError / TypeError: a size that is not a positive int, d_model not divisible by
+        n_heads, an unknown ``positions``, a bad ``rope_base``, or sizes the scheme cannot use
+        (RoPE needs an even d_head = d_model / n_heads; sinusoids an even d_model).
+
+    Source: chapter 12; the schemes, chapter 08.
+    """
+
+    vocab_size: int
+    block_size: int = 64
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 1
+    d_ff: int = 256
+    positions: str = "rope"
+    rope_base: float = 10000.0
+
+    def __post_init__(self):
+        require_positive_int("vocab_size", self.vocab_size)
+        require_positive_int("block_size", self.block_size)
+        require_positive_int("n_layers", self.n_layers)
+        BlockConfig(self.d_model, self.n_heads, self.d_ff)  # validates d_model, n_heads, d_ff
+        if not isinstance(self.positions, str) or self.positions not in POSITION_SCHEMES:
+            raise ValueError(f"positions must be one of {POSITION_SCHEMES}; got {self.positions!r}")
+        base = self.rope_base
+        if isinstance(base, bool) or not isinstance(base, (int, float)) or not (math.isfinite(base) and base > 1):
+            raise ValueError(f"rope_base must be a finite number > 1; got {base!r}")
+        # The scheme checks the sizes it needs (even d_head for RoPE, even d_model for sinusoids).
+        # Built on a forked RNG: validating a config must not move the seed the model is built from.
+        try:
+            with torch.random.fork_rng(devices=[]):
+                self.make_positions()
+        except ValueError as err:
+            raise ValueError(
+                f"positions={self.positions!r} does not fit d_model={self.d_model}, n_heads={self.n_heads} "
+                f"(d_head={self.d_model // self.n_heads}): {err}"
+            ) from err
+
+    @property
+    def block_config(self) -> BlockConfig:
+        return BlockConfig(self.d_model, self.n_heads, self.d_ff)
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    def make_positions(self):
+        """A fresh position scheme (:func:`selfattn.positions.make_positions`) for these sizes."""
+        return make_positions(
+            self.positions,
+            max_positions=self.block_size,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            rope_base=self.rope_base,
+        )
 
 
-class GPT(TinyLM):
-    """Decoder-only Transformer: ``logits = W_out(LN(blocks(E[ids] + P[start:start+T], causal)))``.
+class GPT(nn.Module):
+    """Decoder-only Transformer: ``logits = W_out(LN(blocks(positions.add_absolute(E[ids]), causal)))``.
+
+    Inside every block the attention branch projects Q, K, V, rotates Q and K with the scheme at
+    their absolute positions (``positions.rotate``), adds the scheme's score bias
+    (``positions.score_bias``) and applies the causal mask. :meth:`forward` and
+    :meth:`forward_cached` run the same branch; the KV cache stores keys after rotation, and the
+    queries of a cached step sit at positions ``len(cache) ..``.
 
     Args:
-        config: a :class:`GPTConfig` (= :class:`~selfattn.models.tiny_lm.TinyLMConfig`).
+        config: a :class:`GPTConfig`.
+
+    Attributes:
+        token_embedding, blocks (n_layers :class:`~selfattn.block.TransformerBlock`, whose
+        ``attn``, ``ln1``, ``ffn``, ``ln2`` are used), ln_f, lm_head, and ``positions``: the scheme
+        (:class:`~selfattn.positions.PositionScheme`; a learned table is ``positions.weight``, (block_size, D)).
+        The scheme is built last, so that for one seed every other parameter is initialized the same
+        whatever the scheme.
 
     Shapes:
         forward(input_ids (B, T) int64) -> logits (B, T, V) float; with ``return_weights=True``
@@ -54,67 +143,116 @@ class GPT(TinyLM):
         that follows ``input_ids[b, t]`` and depends only on ``input_ids[b, :t + 1]``.
 
     Raises:
-        TypeError / ValueError: ``input_ids`` not a (B, T) integer tensor with ids in [0, V), or
-        T > block_size.
+        TypeError / ValueError: ``config`` not a GPTConfig; ``input_ids`` not a (B, T) integer
+        tensor with ids in [0, V), T = 0, or (learned positions only) T > block_size.
 
     Source: Radford et al. 2018 (decoder-only); Vaswani et al. 2017 section 3.2.3 (causal mask);
-    chapter 12.
+    chapter 12; position schemes, chapter 08.
     """
 
-    def _embed(self, input_ids: torch.Tensor, start: int) -> torch.Tensor:
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig; got {type(config).__name__}")
+        self.config = config
+        self.token_embedding = TokenEmbedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(TransformerBlock(config.block_config) for _ in range(config.n_layers))
+        self.ln_f = nn.LayerNorm(config.d_model)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size)
+        self.positions = config.make_positions()  # last: the other parameters' init ignores the scheme
+
+    def _check_ids(self, input_ids: torch.Tensor, start: int) -> None:
         require_tensor("input_ids", input_ids)
         require_rank("input_ids", input_ids, 2, "(B, T)")
         T = input_ids.shape[1]
         if T == 0:
             raise ValueError(f"input_ids must hold at least one token (T > 0); got shape {shape_of(input_ids)}")
-        if start + T > self.config.block_size:
+        limit = self.positions.max_positions
+        if limit is not None and start + T > limit:
             raise ValueError(
-                f"positions {start}..{start + T - 1} exceed block_size={self.config.block_size}; "
-                f"got input_ids of shape {shape_of(input_ids)} at offset {start}"
+                f"positions {start}..{start + T - 1} exceed the {self.positions.name} position table of "
+                f"{limit} rows (block_size={self.config.block_size}); got input_ids of shape "
+                f"{shape_of(input_ids)} at offset {start}. Only positions='learned' has this limit"
             )
-        positions = self.position_embedding[start : start + T]  # (T, D)
-        return self.token_embedding(input_ids) + positions  # (B, T, D) + (T, D) -> (B, T, D)
+
+    def _run(self, input_ids: torch.Tensor, caches: list[KVCache]):
+        """The T new positions ``input_ids`` after ``len(caches[0])`` cached ones -> logits, weights.
+
+        The one path of both :meth:`forward` (fresh caches) and :meth:`forward_cached`.
+        """
+        start = len(caches[0])  # the new positions are start .. start+T-1
+        self._check_ids(input_ids, start)
+        T = input_ids.shape[1]
+        S = start + T  # keys: every cached position and the new ones
+        x = self.positions.add_absolute(self.token_embedding(input_ids), start)  # (B, T, D)
+        # The new queries are the last T of S positions: bottom-right causal alignment (T == S
+        # without a cache: the ordinary lower-triangular mask).
+        keep = causal_mask(T, S, alignment="bottom_right", device=x.device)  # (T, S)
+        bias = self.positions.score_bias(T, S, start, dtype=x.dtype, device=x.device)  # (H, T, S) or None
+        weights = []
+        for block, cache in zip(self.blocks, caches, strict=True):
+            attn_out, w = self._attention(block, block.ln1(x), cache, start, keep, bias)
+            x = x + block.dropout(attn_out)  # (B, T, D)
+            x = x + block.dropout(block.ffn(block.ln2(x)))  # (B, T, D)
+            weights.append(w)
+        return self.lm_head(self.ln_f(x)), tuple(weights)  # (B, T, D) @ (D, V) -> (B, T, V)
+
+    def _attention(self, block: TransformerBlock, h, cache: KVCache, start: int, keep, bias):
+        """The attention branch of ``block`` for new positions ``h`` (B, T, D) at ``start ..``.
+
+        The parameters and steps of :class:`~selfattn.multihead.MultiHeadAttention`'s forward, with
+        the scheme's rotation of Q and K and its score bias, and keys and values of earlier
+        positions read from ``cache`` (which receives the new, rotated keys).
+        """
+        attn = block.attn
+        H = attn.config.n_heads
+        Q = split_heads(h @ attn.W_Q + attn.b_Q, H)  # (B, T, D) -> (B, H, T, Dh)
+        K_new = split_heads(h @ attn.W_K + attn.b_K, H)  # (B, T, D) -> (B, H, T, Dh)
+        V_new = split_heads(h @ attn.W_V + attn.b_V, H)  # (B, T, D) -> (B, H, T, Dh)
+        Q = self.positions.rotate(Q, start)  # at absolute positions start .. start+T-1
+        K, V = cache.append(self.positions.rotate(K_new, start), V_new)  # (B, H, S, Dh) each
+        dropout_p = attn.config.dropout if self.training else 0.0
+        context, weights = scaled_dot_product_attention(
+            Q, K, V, keep, bias=bias, dropout_p=dropout_p, return_weights=True
+        )  # context (B, H, T, Dh), weights (B, H, T, S)
+        return merge_heads(context) @ attn.W_O + attn.b_O, weights  # (B, T, D) @ (D, D) -> (B, T, D)
 
     def forward(self, input_ids: torch.Tensor, *, return_weights: bool = False):
         return_weights = require_flag("return_weights", return_weights)
-        x = self._embed(input_ids, 0)  # (B, T, D)
-        mask = causal_mask(input_ids.shape[1], device=x.device)  # (T, T): row i sees keys <= i
-        weights = []
-        for block in self.blocks:
-            x, w = block(x, mask, return_weights=True)  # (B, T, D), (B, H, T, T)
-            weights.append(w)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, D) @ (D, V) -> (B, T, V)
-        return (logits, tuple(weights)) if return_weights else logits
+        logits, weights = self._run(input_ids, [KVCache() for _ in self.blocks])  # no earlier positions
+        return (logits, weights) if return_weights else logits
 
     def forward_cached(self, input_ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
         """Logits of the new positions ``input_ids`` (B, T_new), given ``caches`` of the earlier ones.
 
         Each block is the pre-norm block of chapter 07 with its attention split open: the new
-        positions' keys and values are appended to the layer's :class:`KVCache`, and the new
-        queries attend over all S cached positions with the bottom-right causal mask. Equal to the
-        last T_new rows of :meth:`forward` on the whole sequence (tested).
+        positions' keys (rotated at their positions) and values are appended to the layer's
+        :class:`KVCache`, and the new queries, at positions ``len(cache) ..``, attend over all S
+        cached positions with the bottom-right causal mask (and the scheme's score bias). Equal to
+        the last T_new rows of :meth:`forward` on the whole sequence (tested, every scheme).
 
         Args:
             input_ids: (B, T_new) int64. caches: one :class:`KVCache` per layer (modified in place;
-                empty lists of a fresh start are ``[KVCache() for _ in range(n_layers)]``).
+                a fresh start is ``[KVCache() for _ in range(n_layers)]``).
 
         Returns:
             logits (B, T_new, V).
 
         Raises:
-            ValueError: the wrong number of caches, or the positions exceed block_size.
+            ValueError: the wrong number of caches, caches of different lengths, or (learned
+            positions) positions past the table.
 
         Source: chapter 10 (the cache), chapter 12.
         """
-        if len(caches) != len(self.blocks):
+        if not isinstance(caches, (list, tuple)) or len(caches) != len(self.blocks):
             raise ValueError(
-                f"caches must hold one KVCache per layer ({len(self.blocks)}); got {len(caches)}"
+                f"caches must hold one KVCache per layer ({len(self.blocks)}); got "
+                f"{len(caches) if isinstance(caches, (list, tuple)) else type(caches).__name__}"
             )
-        x = self._embed(input_ids, len(caches[0]))  # (B, T_new, D), positions after the cached ones
-        for block, cache in zip(self.blocks, caches, strict=True):
-            x = x + _cached_attention_branch(block, block.ln1(x), cache)  # (B, T_new, D)
-            x = x + block.ffn(block.ln2(x))  # (B, T_new, D)
-        return self.lm_head(self.ln_f(x))  # (B, T_new, D) @ (D, V) -> (B, T_new, V)
+        lengths = [len(c) for c in caches]
+        if len(set(lengths)) != 1:
+            raise ValueError(f"caches must all hold the same number of positions; got lengths {lengths}")
+        return self._run(input_ids, list(caches))[0]
 
     @torch.no_grad()
     def generate(
@@ -134,11 +272,13 @@ class GPT(TinyLM):
         ``generator`` (``torch.multinomial``). With ``use_cache`` only the new token passes through
         the model at each step (keys and values of earlier positions are read from the cache);
         without it the whole sequence is recomputed. Both give the same tokens (tested, greedy and
-        seeded sampling).
+        seeded sampling, every scheme). The result may be longer than ``block_size`` except with
+        learned positions.
 
         Args:
             input_ids: (B, T0) int64 prompt, T0 >= 1.
-            max_new_tokens: number of tokens to add (> 0); T0 + max_new_tokens <= block_size.
+            max_new_tokens: number of tokens to add (> 0); with learned positions
+                T0 + max_new_tokens <= block_size.
             temperature: > 0; below 1 sharpens, above 1 flattens the distribution.
             greedy: argmax instead of sampling. generator: for reproducible samples.
             use_cache: decode with a :class:`KVCache` per layer.
@@ -148,7 +288,7 @@ class GPT(TinyLM):
 
         Raises:
             TypeError / ValueError: bad ``input_ids``; ``max_new_tokens`` not a positive int;
-            ``temperature`` <= 0; a result longer than block_size.
+            ``temperature`` <= 0; with learned positions, a result longer than the table.
 
         Source: chapter 12.
         """
@@ -160,11 +300,13 @@ class GPT(TinyLM):
         if isinstance(temperature, bool) or not (isinstance(temperature, (int, float)) and 0 < temperature < math.inf):
             raise ValueError(f"temperature must be a finite number > 0; got {temperature!r}")
         total = input_ids.shape[1] + n_new
-        if total > self.config.block_size:
+        limit = self.positions.max_positions
+        if limit is not None and total > limit:
             raise ValueError(
-                f"prompt length {input_ids.shape[1]} + max_new_tokens {n_new} = {total} exceeds "
-                f"block_size={self.config.block_size}"
+                f"prompt length {input_ids.shape[1]} + max_new_tokens {n_new} = {total} exceeds the "
+                f"{self.positions.name} position table of {limit} rows (block_size={self.config.block_size})"
             )
+        self._check_ids(input_ids, 0)
         was_training = self.training
         self.eval()
         ids = input_ids
@@ -180,26 +322,6 @@ class GPT(TinyLM):
             step_input = next_id
         self.train(was_training)
         return ids
-
-
-def _cached_attention_branch(
-    block: TransformerBlock, h: torch.Tensor, cache: KVCache
-) -> torch.Tensor:
-    """The attention branch of a pre-norm block for new positions ``h`` (B, T_new, D) over the cache.
-
-    The same parameters and steps as :class:`~selfattn.multihead.MultiHeadAttention`'s forward,
-    except that keys and values of earlier positions come from ``cache``.
-    """
-    attn = block.attn
-    H = attn.config.n_heads
-    Q = split_heads(h @ attn.W_Q + attn.b_Q, H)  # (B, T_new, D) -> (B, H, T_new, Dh)
-    K_new = split_heads(h @ attn.W_K + attn.b_K, H)  # (B, T_new, D) -> (B, H, T_new, Dh)
-    V_new = split_heads(h @ attn.W_V + attn.b_V, H)  # (B, T_new, D) -> (B, H, T_new, Dh)
-    K, V = cache.append(K_new, V_new)  # (B, H, S, Dh) each, S = cached + new positions
-    # The new queries are the last T_new of S positions: bottom-right causal alignment.
-    keep = causal_mask(Q.shape[-2], K.shape[-2], alignment="bottom_right", device=h.device)
-    context = scaled_dot_product_attention(Q, K, V, keep)  # (B, H, T_new, Dh)
-    return merge_heads(context) @ attn.W_O + attn.b_O  # (B, T_new, D) @ (D, D) -> (B, T_new, D)
 
 
 def _choose(logits: torch.Tensor, temperature: float, greedy: bool, generator) -> torch.Tensor:
@@ -233,7 +355,7 @@ class TrainingLog:
 
 @torch.no_grad()
 def evaluate_loss(
-    model: TinyLM, ids: torch.Tensor, *, batches: int = 8, batch_size: int = 32, seed: int = 1234
+    model: GPT, ids: torch.Tensor, *, batches: int = 8, batch_size: int = 32, seed: int = 1234
 ) -> float:
     """Mean next-token loss (nats per token) of ``model`` on ``batches`` fixed random windows of ``ids``.
 
