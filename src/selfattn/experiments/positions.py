@@ -23,7 +23,7 @@ import contextlib
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -227,6 +227,8 @@ class ExtrapolationResult:
             training ids, add-one smoothed).
         settings: the run's settings (model sizes, steps, batch_size, lr, eval_windows, seed) and
             ``n_parameters`` (the learned table adds ``train_length * d_model`` to it).
+        models: ``models[scheme]``, the trained :class:`~selfattn.models.gpt.GPT` (eval mode, CPU),
+            to sample from or look inside; not part of the result's equality or repr.
     """
 
     schemes: tuple[str, ...]
@@ -240,6 +242,7 @@ class ExtrapolationResult:
     uniform: float
     unigram: float
     settings: dict
+    models: dict[str, GPT] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def total_seconds(self) -> float:
@@ -358,7 +361,7 @@ def compare_position_schemes(
 
     train_ids, val_ids = train_ids.to(torch.int64), val_ids.to(torch.int64)
     inputs, targets = validation_windows(val_ids, L_max, eval_windows)  # (W, L_max) each
-    loss, position_loss, train_loss, seconds = {}, {}, {}, {}
+    loss, position_loss, train_loss, seconds, models = {}, {}, {}, {}, {}
     rope_scaling: dict[str, dict[int, float]] = {}
     n_parameters = {}
     bar = tqdm(schemes, desc="position schemes", disable=not progress)
@@ -386,6 +389,7 @@ def compare_position_schemes(
         if name == "rope":
             rope_scaling = evaluate_rope_scaling(model, inputs, targets, lengths, train_length=T)
         seconds[name] = time.perf_counter() - start
+        models[name] = model
     settings = dict(steps=steps, batch_size=batch_size, d_model=d_model, n_heads=n_heads, n_layers=n_layers,
                     d_ff=d_ff, lr=float(lr), eval_windows=eval_windows, seed=seed, n_parameters=n_parameters)
     return ExtrapolationResult(
@@ -400,4 +404,5 @@ def compare_position_schemes(
         uniform=math.log(V),
         unigram=unigram_cross_entropy(train_ids, targets.reshape(-1), V),
         settings=settings,
+        models=models,
     )
