@@ -448,20 +448,41 @@ class LearnedPositions(PositionScheme):
 class SinusoidalPositions(PositionScheme):
     """Fixed sinusoidal encodings (:func:`sinusoidal_encoding`) added to the embedding; any position.
 
-    Source: Vaswani et al. 2017, section 3.5; chapter 08.
+    ``add_absolute(x) = embedding_scale * x + PE``. The encodings have entries of size about 1 (RMS
+    ``1/sqrt(2)``), so added to token embeddings initialised small (std 0.02 here, as in BERT and
+    GPT-2) they would drown the token's signal; the original Transformer multiplies the embeddings by
+    ``sqrt(d_model)`` before adding them (Vaswani et al. 2017, section 3.4), and :func:`make_positions`
+    does the same. The default ``embedding_scale=1`` adds the encodings alone.
+
+    Args:
+        d_model: D (> 0, even). base: as :func:`sinusoidal_encoding`.
+        embedding_scale: finite number > 0 that multiplies ``x`` first.
+
+    Raises:
+        ValueError: a bad ``d_model``, ``base`` or ``embedding_scale``.
+
+    Source: Vaswani et al. 2017, sections 3.4 and 3.5; chapter 08.
     """
 
     name = "sinusoidal"
 
-    def __init__(self, d_model: int, *, base: float = 10000.0):
+    def __init__(self, d_model: int, *, base: float = 10000.0, embedding_scale: float = 1.0):
         super().__init__()
         self.d_model = _require_even("d_model", d_model)
         self.base = _require_base(base)
+        if isinstance(embedding_scale, bool) or not isinstance(embedding_scale, (int, float)) or not (
+            math.isfinite(embedding_scale) and embedding_scale > 0
+        ):
+            raise ValueError(f"embedding_scale must be a finite number > 0; got {embedding_scale!r}")
+        self.embedding_scale = float(embedding_scale)
 
     def add_absolute(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         _require_features("x", x, self.d_model, "D", "(B, T, D)")
         pe = sinusoidal_encoding(x.shape[-2], self.d_model, base=self.base, start=start, dtype=x.dtype, device=x.device)
-        return x + pe  # (B, T, D) + (T, D)
+        return self.embedding_scale * x + pe  # (B, T, D) + (T, D)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, base={self.base}, embedding_scale={self.embedding_scale}"
 
 
 class RotaryPositions(PositionScheme):
@@ -527,6 +548,10 @@ def make_positions(
 ) -> PositionScheme:
     """The scheme called ``name`` (one of :data:`POSITION_SCHEMES`) for a model of these sizes.
 
+    Learned: a (max_positions, d_model) table. Sinusoidal: the encodings, with the embeddings scaled
+    by ``sqrt(d_model)`` as in the original Transformer. RoPE: half layout, base ``rope_base``.
+    ALiBi: the paper's slopes for ``n_heads``. None: nothing.
+
     Raises:
         ValueError: an unknown ``name``; ``d_model`` not divisible by ``n_heads``; sizes as the scheme
         classes. TypeError: ``d_model`` or ``n_heads`` not an int.
@@ -541,7 +566,7 @@ def make_positions(
     d_head = d_model // n_heads
     builders = {
         "learned": lambda: LearnedPositions(max_positions, d_model),
-        "sinusoidal": lambda: SinusoidalPositions(d_model),
+        "sinusoidal": lambda: SinusoidalPositions(d_model, embedding_scale=math.sqrt(d_model)),  # section 3.4
         "rope": lambda: RotaryPositions(d_head, base=rope_base),
         "alibi": lambda: ALiBiPositions(n_heads),
         "none": lambda: NoPositions(),

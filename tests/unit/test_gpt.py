@@ -67,7 +67,7 @@ def _reference_logits(model, ids):
         w = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
         pe = torch.zeros(T, D, dtype=torch.float64)
         pe[:, 0::2], pe[:, 1::2] = torch.sin(p * w), torch.cos(p * w)
-        x = x + pe.float()
+        x = x * D**0.5 + pe.float()  # Vaswani et al. section 3.4: embeddings times sqrt(d_model)
     offsets = torch.arange(T)[:, None] - torch.arange(T)[None, :]  # (T, T): i - j
     additive = torch.zeros(H, T, T).masked_fill(offsets < 0, float("-inf"))
     if cfg.positions == "alibi":  # H a power of two: slopes 2^(-8 (h+1) / H)

@@ -25,6 +25,7 @@ EXPLORER_TESTS = [
     "tests/unit/test_viz_heads.py::test_live_explorer_builds_with_controls",
     "tests/unit/test_viz_interpret.py::test_edge_measures_figure_has_one_panel_per_measure_and_one_frame_per_head",
     "tests/unit/test_viz_training.py::test_retrieval_step_figure_and_widget",
+    "tests/unit/test_viz_positions.py::test_rope_explorer_widget_builds_with_two_sliders",
 ]
 
 # The widget classes, arguments and callbacks the chapters' explorer cells use.
