@@ -13,8 +13,8 @@ from . import bool_mask_problem, call_learner, checker, compare_arrays, failed, 
 
 __all__ = ["check_linear_recurrent", "check_sliding_window_mask", "elu_plus_one"]
 
-_EX1 = "8.1 linear attention as a recurrence"
-_EX2 = "8.2 sliding-window mask"
+_EX1 = "9.1 linear attention as a recurrence"
+_EX2 = "9.2 sliding-window mask"
 
 
 def elu_plus_one(x: np.ndarray) -> np.ndarray:

@@ -16,8 +16,8 @@ from . import call_learner, checker, compare_arrays, failed, passed, to_numpy
 
 __all__ = ["check_merge_states", "check_online_attention"]
 
-_EX1 = "9.1 merge two softmax states"
-_EX2 = "9.2 online attention"
+_EX1 = "10.1 merge two softmax states"
+_EX2 = "10.2 online attention"
 
 
 def _score_bytes_held(fn, T: int = 64, S: int = 4096, block_size: int = 64) -> int | None:

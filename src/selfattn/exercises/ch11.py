@@ -29,11 +29,11 @@ def _inputs(seed: int = 0):
 _ATOL, _RTOL = 1e-5, 1e-5
 
 
-@checker("10.1 norms of the moved vectors")
+@checker("11.1 norms of the moved vectors")
 def check_moved_norms(fn):
     """``fn(weights (H, T, T), V (H, T, Dh), W_O (H, Dh, D))`` -> (H, T, T) with entry [h, i, j]
     = ``weights[h, i, j] * ||V[h, j] @ W_O[h]||`` (Kobayashi et al. 2020). Torch tensors in and out."""
-    ex = "10.1 norms of the moved vectors"
+    ex = "11.1 norms of the moved vectors"
     weights, V, W_O = _inputs()
     as_t = torch.from_numpy
     got = to_numpy(call_learner(ex, fn, as_t(weights.copy()), as_t(V.copy()), as_t(W_O.copy())))
@@ -68,12 +68,12 @@ def check_moved_norms(fn):
     return passed(ex, "alpha_ij * ||v_j W_O^h||: the length of what the edge actually adds.")
 
 
-@checker("10.2 block one edge")
+@checker("11.2 block one edge")
 def check_block_edge(fn):
     """``fn(weights (T, S), i, j)`` -> (T, S): the weights after key j is hidden from query i, as
     the keep-mask does it (weight 0, row i renormalised over the remaining keys, other rows
     unchanged). NumPy arrays in and out; the input must not be modified."""
-    ex = "10.2 block one edge"
+    ex = "11.2 block one edge"
     weights = ref.softmax(np.random.default_rng(1).normal(size=(4, 6)) * 2.0, axis=-1)
     for i, j in ((1, 2), (3, 0)):
         given = weights.copy()

@@ -15,11 +15,11 @@ from . import call_learner, checker, compare_arrays, failed, passed, to_numpy
 __all__ = ["check_next_token_distribution", "check_append_to_cache"]
 
 
-@checker("11.1 the next-token distribution")
+@checker("12.1 the next-token distribution")
 def check_next_token_distribution(fn):
     """``fn(logits (B, V), temperature)`` -> (B, V) probabilities ``softmax(logits / temperature)``
     over the vocabulary axis. Torch tensors in and out."""
-    ex = "11.1 the next-token distribution"
+    ex = "12.1 the next-token distribution"
     logits = np.random.default_rng(0).normal(size=(3, 7)) * 3.0
     for temperature in (0.5, 2.0):
         got = to_numpy(call_learner(ex, fn, torch.from_numpy(logits.copy()), temperature))
@@ -49,11 +49,11 @@ def check_next_token_distribution(fn):
     return passed(ex, "softmax(logits / temperature) over the vocabulary.")
 
 
-@checker("11.2 append to the cache")
+@checker("12.2 append to the cache")
 def check_append_to_cache(fn):
     """``fn(K_cache, V_cache, k_new, v_new)`` -> ``(K, V)``: the cached keys and values (B, H, S, Dh)
     with the new positions (B, H, T_new, Dh) appended after them. Torch tensors in and out."""
-    ex = "11.2 append to the cache"
+    ex = "12.2 append to the cache"
     rng = np.random.default_rng(2)
     B, H, S, T_new, Dh = 2, 3, 5, 1, 4
     K, V = rng.normal(size=(B, H, S, Dh)), rng.normal(size=(B, H, S, Dh))
