@@ -1,6 +1,6 @@
 """Checks for the exercises of chapter 09 (parallel and quadratic).
 
-8.1 causal linear attention as a recurrent loop; 8.2 a sliding-window keep-mask. Each check runs
+9.1 causal linear attention as a recurrent loop; 9.2 a sliding-window keep-mask. Each check runs
 the learner's function on its own inputs, compares with a NumPy computation written from the
 definition, and names the usual mistake.
 """
