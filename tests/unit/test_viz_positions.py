@@ -417,3 +417,16 @@ def test_rope_figure_uses_a_drop_down_for_many_offsets():
     _apply(state, state["layout"]["updatemenus"][0]["buttons"][0])  # offset -8
     _apply(state, state["layout"]["sliders"][0]["steps"][3])  # n = 3, m = -5
     assert abs(state["data"][-1]["y"][0] - _package_score(q, k, -5, 3, 10000.0, "interleaved")) <= 1e-12
+
+
+def test_extrapolation_figure_moving_average_window():
+    rising = [2.0] * 8 + [3.0] * 8
+    raw = vp.extrapolation_figure({"rope": rising}, train_length=8)
+    np.testing.assert_allclose(raw.data[0].y, rising, atol=0)
+    # a trailing average over 4 positions: a step from 2 to 3 after position 7 reaches 3 at position 11
+    smooth = vp.extrapolation_figure({"rope": rising}, train_length=8, window=4, title="t")
+    np.testing.assert_allclose(np.asarray(smooth.data[0].y)[[7, 9, 11]], [2.0, 2.5, 3.0], atol=1e-4)
+    assert smooth.layout.title.text == "t" and "4-position average" in smooth.layout.yaxis.title.text
+    assert "3.00 at positions 8-15" in figure_description(smooth)  # the description uses raw means
+    with pytest.raises(ValueError, match="window"):
+        vp.extrapolation_figure({"rope": rising}, train_length=8, window=0)

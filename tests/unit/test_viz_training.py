@@ -8,7 +8,6 @@ import pytest
 from selfattn.viz import figure_description
 from selfattn.viz.training import (
     loss_curve_figure,
-    position_loss_figure,
     retrieval_explorer_widget,
     retrieval_frames_figure,
     retrieval_step_figure,
@@ -54,25 +53,3 @@ def test_retrieval_step_figure_and_widget():
     assert len(fig.data[0].y) == 8 and "step 5" in fig.layout.title.text
     widget = retrieval_explorer_widget([0, 5], [row, row], list(range(8)), list(range(8)), 2, 2)
     assert widget.children[0].value == 5
-
-
-def test_position_loss_figure_one_line_per_scheme_and_the_training_length():
-    flat = [2.0] * 16
-    rising = [2.0] * 8 + [3.0] * 8
-    fig = position_loss_figure({"alibi": flat, "rope": rising, "learned": [2.5] * 8}, 8, {"unigram": 3.2}, window=1)
-    assert [t.name for t in fig.data] == ["alibi", "rope", "learned"]
-    np.testing.assert_allclose(fig.data[1].y, rising)
-    assert len(fig.data[2].x) == 8  # a learned table stops at its last row
-    assert fig.layout.shapes[0].x0 == 7.5 and fig.layout.shapes[1].y0 == 3.2
-    text = figure_description(fig)
-    assert "rope 2.00 before position 8 and 3.00 after it (up to 15)" in text
-    assert "learned 2.50 before position 8, no positions after 7" in text
-    # The moving average: window 4 over a step from 2 to 3 reaches 3 four positions after the step.
-    smooth = position_loss_figure({"rope": rising}, 8, window=4).data[0].y
-    np.testing.assert_allclose(smooth[[7, 9, 11]], [2.0, 2.5, 3.0], atol=1e-4)
-    with pytest.raises(ValueError, match="finite"):
-        position_loss_figure({"rope": [1.0, float("nan")]}, 1)
-    with pytest.raises(ValueError, match="at least one scheme"):
-        position_loss_figure({}, 8)
-    with pytest.raises((TypeError, ValueError), match="train_length"):
-        position_loss_figure({"rope": flat}, 0)

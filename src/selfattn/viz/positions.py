@@ -30,6 +30,7 @@ from plotly.subplots import make_subplots
 
 from .. import positions as _pos
 from . import COLORSCALE, DIVERGING, describe
+from .training import moving_average
 
 __all__ = [
     "rope_score_data",
@@ -504,30 +505,41 @@ def _as_baselines(baselines) -> dict[str, float]:
 
 
 def extrapolation_figure(losses: Mapping[str, object], *, train_length: int = 64,
-                         baselines: Mapping[str, float] | None = None) -> go.Figure:
+                         baselines: Mapping[str, float] | None = None, window: int = 1,
+                         title: str | None = None) -> go.Figure:
     """Loss per position (nats per token) for each position scheme, with the training length marked.
+
+    A scheme that generalizes past the training length stays flat to the right of the dotted line;
+    one that breaks turns upwards there; a learned table stops at its last row.
 
     Args:
         losses: ``{scheme: (L,) per-position losses}``, L may differ (the learned table stops at
-            its length). Known schemes (:data:`SCHEME_STYLES`) keep their colour in every figure.
+            its length), e.g. :attr:`selfattn.experiments.positions.ExtrapolationResult.position_loss`.
+            Known schemes (:data:`SCHEME_STYLES`) keep their colour in every figure.
         train_length: the length trained on (> 0): a dotted vertical line where unseen positions start.
         baselines: optional ``{label: loss}`` drawn as horizontal lines (e.g. uniform, unigram).
+        window: draw a trailing moving average over this many positions (> 0; 1 = the raw values,
+            which are noisy when few windows were evaluated). The description's means use raw values.
+        title: the figure's title (default: "Loss per position, trained on T tokens").
 
     Raises:
-        ValueError: no scheme, a curve not 1-D, empty or not finite, a bad ``train_length`` or baseline.
+        ValueError: no scheme, a curve not 1-D, empty or not finite, a bad ``train_length``,
+        ``window`` or baseline.
 
     Source: chapter 08 (claim 24).
     """
     if not losses:
         raise ValueError("losses must hold at least one {scheme: per-position losses} entry")
     T = _require_count("train_length", train_length)
+    window = _require_count("window", window)
     curves = {str(k): _as_curve(f"losses[{k!r}]", v) for k, v in losses.items()}
     lines = _as_baselines(baselines)
     longest = max(len(c) for c in curves.values())
     fig = go.Figure()
     for i, (name, c) in enumerate(curves.items()):
         colour, dash = _style(i, name)
-        fig.add_trace(go.Scatter(x=list(range(len(c))), y=c.tolist(), mode="lines", name=name,
+        fig.add_trace(go.Scatter(x=list(range(len(c))), y=np.round(moving_average(c, window), 4).tolist(),
+                                 mode="lines", name=name,
                                  line={"color": colour, "dash": dash, "width": 2},
                                  hovertemplate=f"{name}, position %{{x}}: %{{y:.3f}} nats<extra></extra>"))
     for i, (label, value) in enumerate(lines.items()):
@@ -538,9 +550,10 @@ def extrapolation_figure(losses: Mapping[str, object], *, train_length: int = 64
     fig.add_vline(x=T - 0.5, line={"color": "#666666", "dash": "dot", "width": 2},
                   annotation={"text": f"training length {T}", "font": {"color": "#444444"}},
                   annotation_position="top right")  # fmt: skip
-    fig.update_layout(title=f"Loss per position, trained on {T} tokens", template="plotly_white", height=480,
-                      autosize=True, xaxis={"title": "position in the sequence"},
-                      yaxis={"title": "cross-entropy (nats per token)"}, legend={"orientation": "h", "y": -0.22})  # fmt: skip
+    y_title = "cross-entropy (nats per token)" + (f", {window}-position average" if window > 1 else "")
+    fig.update_layout(title=title or f"Loss per position, trained on {T} tokens", template="plotly_white",
+                      height=480, autosize=True, xaxis={"title": "position in the sequence"},
+                      yaxis={"title": y_title}, legend={"orientation": "h", "y": -0.22})  # fmt: skip
     parts = []
     for name, c in curves.items():
         inside = f"{c[:T].mean():.2f} at positions 0-{min(T, len(c)) - 1}"

@@ -1,14 +1,10 @@
-"""Figures for chapter 12 (loss curves of the small GPT, attention learning to address) and for
-chapter 08 (the loss at every position, past the training length, for each position scheme).
+"""Figures for chapter 12 (loss curves of the small GPT, attention learning to address).
 
 :func:`loss_curve_figure` plots the training loss of every step (with a moving average), the
 validation loss where it was measured, and horizontal baselines. :func:`retrieval_frames_figure`
 shows the query's attention over the dictionary at every recorded training step, one frame per
 step with a slider and a play button (explorable with no kernel); :func:`retrieval_step_figure`
 is one of those frames, used by the live explorer :func:`retrieval_explorer_widget`.
-:func:`position_loss_figure` draws :func:`selfattn.experiments.positions.compare_position_schemes`'s
-per-position losses, one line per scheme, with the training length marked.
-
 Source: chapter 12; chapter 08.
 """
 
@@ -26,13 +22,13 @@ __all__ = [
     "retrieval_step_figure",
     "retrieval_frames_figure",
     "retrieval_explorer_widget",
-    "position_loss_figure",
 ]
 
 _MATCH, _OTHER = "#d55e00", "#0072b2"  # Okabe-Ito vermillion and blue: distinct in grayscale too
 
 
-def _moving_average(values: np.ndarray, window: int) -> np.ndarray:
+def moving_average(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing moving average over ``window`` values (shorter windows at the start), same length."""
     window = max(1, min(window, values.size))
     kernel = np.ones(window) / window
     head = np.cumsum(values[: window - 1]) / np.arange(1, window)  # shorter windows at the start
@@ -85,7 +81,7 @@ def loss_curve_figure(
     fig.add_trace(
         go.Scatter(
             x=steps[::stride],
-            y=np.round(_moving_average(train, window)[::stride], 4),
+            y=np.round(moving_average(train, window)[::stride], 4),
             mode="lines",
             name=f"training ({window}-step average)",
             line={"color": _OTHER, "width": 2},
@@ -116,7 +112,7 @@ def loss_curve_figure(
     return describe(
         fig,
         f"{title}: training loss over {train.size} steps falls from {train[0]:.2f} to "
-        f"{_moving_average(train, window)[-1]:.2f} (moving average); validation loss measured at "
+        f"{moving_average(train, window)[-1]:.2f} (moving average); validation loss measured at "
         f"{val.size} points ends at {val[-1]:.2f}" + (f"; baselines: {base}." if base else "."),
     )
 
@@ -247,80 +243,3 @@ def retrieval_explorer_widget(snapshot_steps, snapshots, keys, values, query, wh
         retrieval_step_figure(snapshots[index[step]], keys, values, query, where, step=step).show()
 
     return widgets.VBox([slider, widgets.interactive_output(show, {"step": slider})])
-
-
-# Okabe-Ito colours, one per position scheme (distinguishable by colour-blind readers), and a dash
-# pattern each so that the lines differ in grayscale too.
-_SCHEME_STYLE = {
-    "learned": ("#999999", "solid"),
-    "sinusoidal": ("#e69f00", "dot"),
-    "rope": ("#0072b2", "solid"),
-    "alibi": ("#009e73", "dash"),
-    "none": ("#cc79a7", "dashdot"),
-}
-
-
-def position_loss_figure(
-    position_loss: dict[str, Sequence[float]],
-    train_length: int,
-    baselines: dict[str, float] | None = None,
-    *,
-    window: int = 8,
-    title: str = "loss at each position, trained at length T",
-) -> go.Figure:
-    """Next-token loss against position, one line per scheme (a ``window``-position moving average).
-
-    A scheme that generalizes past the training length stays flat to the right of the dotted line
-    at ``train_length``; one that breaks turns upwards there; a learned table stops at its last row.
-
-    Args:
-        position_loss: ``{scheme: losses at positions 0, 1, ...}`` (nats per token; lines may have
-            different lengths), e.g. :attr:`ExtrapolationResult.position_loss`.
-        train_length: T, where the dotted vertical line goes.
-        baselines: ``{label: loss}`` drawn as dashed horizontal lines (e.g. unigram).
-        window: moving-average window in positions (> 0; 1 = raw values).
-
-    Raises:
-        ValueError: an empty ``position_loss`` or line, non-finite values, ``train_length`` or
-        ``window`` not a positive int.
-
-    Source: chapter 08 (claim 24).
-    """
-    from .._validate import require_positive_int
-
-    T = require_positive_int("train_length", train_length)
-    window = require_positive_int("window", window)
-    if not position_loss:
-        raise ValueError("position_loss must hold at least one scheme's losses")
-    curves = {name: np.asarray(v, dtype=np.float64) for name, v in position_loss.items()}
-    for name, c in curves.items():
-        if c.ndim != 1 or c.size == 0 or not np.isfinite(c).all():
-            raise ValueError(f"position_loss[{name!r}] must be a non-empty sequence of finite losses; got shape {c.shape}")
-    fig = go.Figure()
-    described = []
-    for name, c in curves.items():
-        colour, dash = _SCHEME_STYLE.get(name, ("#444444", "solid"))
-        fig.add_trace(go.Scatter(
-            x=np.arange(c.size), y=np.round(_moving_average(c, window), 4), mode="lines", name=name,
-            line={"color": colour, "dash": dash, "width": 2},
-            hovertemplate=f"{name}<br>position %{{x}}<br>loss %{{y:.3f}}<extra></extra>",
-        ))  # fmt: skip
-        inside, past = c[: min(T, c.size)].mean(), c[T:]
-        described.append(
-            f"{name} {inside:.2f} before position {T}"
-            + (f" and {past.mean():.2f} after it (up to {c.size - 1})" if past.size else f", no positions after {c.size - 1}")
-        )
-    fig.add_vline(x=T - 0.5, line_dash="dot", line_color="#444444", annotation_text=f"training length {T}",
-                  annotation_position="top left")  # fmt: skip
-    for label, value in (baselines or {}).items():
-        fig.add_hline(y=value, line_dash="dash", line_color="#444444", annotation_text=f"{label}: {value:.2f}",
-                      annotation_position="bottom right")  # fmt: skip
-    fig.update_layout(title=title, template="plotly_white", height=440,
-                      xaxis={"title": "position in the window (characters of context - 1)"},
-                      yaxis={"title": f"loss (nats per token, {window}-position average)"},
-                      legend={"orientation": "h", "y": -0.2})  # fmt: skip
-    return describe(
-        fig,
-        f"{title}: line chart of the mean next-token loss at each position, one line per position "
-        f"scheme, with the training length {T} marked. Mean losses: " + "; ".join(described) + ".",
-    )
