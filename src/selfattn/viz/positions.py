@@ -347,14 +347,17 @@ def rope_score_figure(q, k, *, shifts: Sequence[int] = range(16), offsets: Seque
                          "offset m − n. " + _rope_description(data))
 
 
-def rope_explorer_widget(q, k, *, m: int = 5, n: int = 2, max_position: int = 31,
+def rope_explorer_widget(q, k, *, m: int = 5, n: int = 2, max_position: int = 15,
                          pairs: Sequence[int] | None = None, base: float = 10000.0, layout: str = "interleaved"):
     """Live explorer (needs a running kernel): IntSliders for the query position m and the key
     position n; shows :func:`rope_score_view` for the choice.
 
     Args:
         q, k: (Dh,) one query and one key. m, n: the initial positions. max_position: the sliders'
-            largest position (> 0). pairs, base, layout: as :func:`rope_score_data`.
+            largest position (> 0). pairs, base, layout: as :func:`rope_score_data`. The default, 15,
+            keeps the redrawn figure near 20 kB: with 23 or 31 (30 and 40 kB of figure JSON), the
+            notebook executor that builds the book (nbclient 0.11) stopped responding on the cell
+            that displays the widget, while a plain kernel showed it at once.
 
     Returns:
         An ``ipywidgets.VBox``: ``children[0]`` the HBox of the two sliders (m, n), ``children[1]``
