@@ -63,8 +63,10 @@ __all__ = [
 ]
 
 #: The two ways a rotary implementation pairs the features of a head. ``"interleaved"``: pair i is
-#: features (2i, 2i+1), as in Su et al. 2021, RoFormer, GPT-J and Mesh-TensorFlow. ``"half"``: pair i
-#: is features (i, i + Dh/2), as in GPT-NeoX, Llama, Mistral and Hugging Face's ``rotate_half``.
+#: features (2i, 2i+1), as in Su et al. 2021, RoFormer, GPT-J, Mesh-TensorFlow and Meta's and
+#: Mistral's reference code for Llama and Mistral. ``"half"``: pair i is features (i, i + Dh/2), as in
+#: GPT-NeoX and Hugging Face's ``rotate_half`` (how Llama, Mistral and Qwen run in ``transformers``,
+#: whose conversion script permutes each head's W_Q and W_K columns accordingly).
 ROPE_LAYOUTS = ("interleaved", "half")
 
 
@@ -87,17 +89,21 @@ def _require_start(start) -> int:
     return start
 
 
-def _positions_tensor(positions, device=None) -> torch.Tensor:
-    """``positions`` (T,) as a float64 tensor (ints or floats; interpolated positions are fractional)."""
+def _positions_tensor(positions) -> torch.Tensor:
+    """``positions`` (T,) as a float64 tensor on the CPU (ints or floats; interpolated positions are
+    fractional). Angles and biases are computed there in float64 and only their results are moved to
+    the data's device: Apple's MPS has no float64."""
     if not isinstance(positions, torch.Tensor):
         positions = torch.as_tensor(positions)
     if positions.ndim != 1:
         raise ValueError(f"positions must have shape (T,) (1 dims); got shape {shape_of(positions)}")
     if positions.dtype == torch.bool or positions.is_complex():
         raise TypeError(f"positions must hold real numbers; got dtype {positions.dtype}")
-    positions = positions.to(device=device if device is not None else positions.device, dtype=torch.float64)
+    positions = positions.detach().to(device="cpu", dtype=torch.float64)
     if not bool(torch.isfinite(positions).all()):  # a NaN position would turn whole rows of scores to NaN
-        raise ValueError(f"positions must be finite; got {positions.tolist()}")
+        bad = positions[~torch.isfinite(positions)]
+        raise ValueError(f"positions must be finite; got {bad.numel()} NaN or inf of {positions.numel()} "
+                         f"(first: {bad[:3].tolist()})")
     return positions
 
 
@@ -122,8 +128,10 @@ def sinusoidal_encoding(
 
     Args:
         n_positions: T (> 0), the number of positions ``start .. start+T-1``.
-        d_model: D (> 0, even). base: the longest wavelength is ``2 pi base`` (10000 in the paper).
-        start: the first position (>= 0). dtype, device: of the result (computed in float64).
+        d_model: D (> 0, even). base: 10000 in the paper; the wavelengths run from ``2 pi`` to
+            ``2 pi base^((D-2)/D)`` positions (the paper rounds the longest to ``2 pi base``).
+        start: the first position (>= 0). dtype, device: of the result (computed in float64 on the
+            CPU, then converted).
 
     Returns:
         (T, D) tensor; row p holds D/2 (sin, cos) pairs, one per frequency ``w_i``.
@@ -138,11 +146,11 @@ def sinusoidal_encoding(
     D = _require_even("d_model", d_model)
     base = _require_base(base)
     start = _require_start(start)
-    p = torch.arange(start, start + T, dtype=torch.float64, device=device)  # (T,)
-    w = base ** (-torch.arange(0, D, 2, dtype=torch.float64, device=device) / D)  # (D/2,)
+    p = torch.arange(start, start + T, dtype=torch.float64)  # (T,), on the CPU: float64 exists there
+    w = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # (D/2,)
     angles = p[:, None] * w[None, :]  # (T, 1) * (1, D/2) -> (T, D/2)
     pe = torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1)  # (T, D/2, 2)
-    return pe.reshape(T, D).to(dtype)  # (T, D): sin and cos of one frequency side by side
+    return pe.reshape(T, D).to(device=device, dtype=dtype)  # (T, D): sin and cos of one frequency side by side
 
 
 def sinusoidal_shift_matrix(offset: int, d_model: int, *, base: float = 10000.0, dtype=torch.float64) -> torch.Tensor:
@@ -192,7 +200,7 @@ def rope_frequencies(d_head: int, *, base: float = 10000.0) -> torch.Tensor:
 
 
 def rope_cos_sin(positions, d_head: int, *, base: float = 10000.0, interpolation: float = 1.0):
-    """``cos`` and ``sin`` of the angles ``(positions / interpolation) * theta_i``, each (T, Dh/2), float64.
+    """``cos`` and ``sin`` of the angles ``(positions / interpolation) * theta_i``, each (T, Dh/2), float64 on the CPU.
 
     Args:
         positions: (T,) positions (ints, or any reals).
@@ -211,7 +219,7 @@ def rope_cos_sin(positions, d_head: int, *, base: float = 10000.0, interpolation
         raise ValueError(f"interpolation must be a finite number >= 1; got {interpolation!r}")
     theta = rope_frequencies(d_head, base=base)  # (Dh/2,)
     p = _positions_tensor(positions) / float(interpolation)  # (T,)
-    angles = p[:, None] * theta.to(p.device)[None, :]  # (T, 1) * (1, Dh/2) -> (T, Dh/2)
+    angles = p[:, None] * theta[None, :]  # (T, 1) * (1, Dh/2) -> (T, Dh/2), float64 on the CPU
     return torch.cos(angles), torch.sin(angles)
 
 
@@ -251,12 +259,12 @@ def apply_rope(
     T, Dh = x.shape[-2], x.shape[-1]
     if Dh % 2:
         raise ValueError(f"x's last axis Dh must be even (features are rotated in pairs); got shape {shape_of(x)}")
-    p = _positions_tensor(positions, device=x.device)
+    p = _positions_tensor(positions)  # (T,) float64 on the CPU
     if p.shape[0] != T:
         raise ValueError(f"positions must have length T={T} (x has shape {shape_of(x)}); got shape {shape_of(p)}")
     cos, sin = rope_cos_sin(p, Dh, base=base, interpolation=interpolation)  # (T, Dh/2) each
     work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    cos, sin = cos.to(work), sin.to(work)
+    cos, sin = cos.to(device=x.device, dtype=work), sin.to(device=x.device, dtype=work)  # (T, Dh/2)
     xw = x.to(work)
     if layout == "half":
         a, b = xw[..., : Dh // 2], xw[..., Dh // 2 :]  # (..., T, Dh/2) each: pair i = (i, i + Dh/2)
@@ -273,9 +281,11 @@ def rope_interleaved_to_half(d_head: int) -> torch.Tensor:
     It gathers the even features, then the odd ones: pair (2i, 2i+1) of the interleaved layout becomes
     pair (i, i+Dh/2) of the half layout. So ``apply_rope(x[..., perm], p, layout="half") ==
     apply_rope(x, p, layout="interleaved")[..., perm]``, and because a permutation of features keeps
-    every dot product, scores are unchanged. Porting interleaved weights to half-layout code without
-    permuting the columns of W_Q and W_K (Hugging Face's Llama conversion does exactly this
-    permutation) rotates the wrong pairs: the classic porting bug (tested).
+    every dot product, scores are unchanged. It acts within one head: in a (D, D) projection, apply it
+    to each head's block of Dh columns. Porting interleaved weights (Meta's Llama checkpoints) to
+    half-layout code (Hugging Face's) without permuting each head's columns of W_Q and W_K rotates the
+    wrong pairs, the classic porting bug (tested); Hugging Face's conversion script applies exactly
+    this permutation.
 
     Raises:
         ValueError: ``d_head`` not a positive even int.
@@ -296,7 +306,7 @@ def ntk_scaled_base(base: float, factor: float, d_head: int) -> float:
     Raises:
         ValueError: ``base`` <= 1, ``factor`` < 1, ``d_head`` not an even int > 2.
 
-    Source: bloc97 2023 ("NTK-aware scaled RoPE"); Peng et al. 2023 (YaRN), section 3.2; chapter 08.
+    Source: bloc97 2023 ("NTK-aware scaled RoPE"); Peng et al. 2023 (YaRN), section 3.1; chapter 08.
     """
     base = _require_base(base)
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (math.isfinite(factor) and factor >= 1):
@@ -313,16 +323,17 @@ def ntk_scaled_base(base: float, factor: float, d_head: int) -> float:
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
-    """The head slopes m_h of ALiBi, (H,) float64.
+    """The head slopes s_h of ALiBi (the paper's ``m``), (H,) float64.
 
-    For H a power of two, the geometric sequence ``2^(-8/H), 2^(-16/H), ..., 2^(-8)``. Otherwise the
-    paper's recipe: the slopes of the closest power of two below, ``n = 2^floor(log2 H)``, followed by
-    every other slope of ``2n`` heads (the odd-numbered ones), up to H in all.
+    For H a power of two, the paper's geometric sequence ``2^(-8/H), 2^(-16/H), ..., 2^(-8)``. The
+    paper trains only such models; for other H, the rule of its released code (also BLOOM's
+    ``_get_alibi_slopes``): the slopes of the closest power of two below, ``n = 2^floor(log2 H)``,
+    followed by every other slope of ``2n`` heads (the odd-numbered ones), up to H in all.
 
     Raises:
         ValueError: ``n_heads`` not a positive int.
 
-    Source: Press et al. 2022, section 3 and its footnote on non-powers of two; chapter 08.
+    Source: Press et al. 2022, section 3, and the non-power-of-two rule of its released code; chapter 08.
     """
     H = require_positive_int("n_heads", n_heads)
 
@@ -337,12 +348,14 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 
 
 def alibi_bias(slopes: torch.Tensor, q_positions, k_positions) -> torch.Tensor:
-    """ALiBi's additive score bias ``bias[h, i, j] = -m_h * (q_i - k_j)``, (H, T, S), float64.
+    """ALiBi's additive score bias ``bias[h, i, j] = -s_h * (q_i - k_j)``, (H, T, S).
 
-    A key ``d`` positions back costs ``m_h * d`` in head h's score: every head prefers nearby keys, at
-    its own rate. Meant for causal attention (keys after the query are masked anyway; there the bias is
-    positive). Adding a constant per query row does not change the softmax, so
-    ``-m_h * (q_i - k_j)`` and BLOOM's ``m_h * k_j`` give the same weights (tested).
+    A key ``d`` positions back costs ``s_h * d`` in head h's score (the paper writes the slope
+    ``m``): every head prefers nearby keys, at its own rate. Meant for causal attention (keys after the
+    query are masked anyway; there the bias is positive). Adding a constant per query row does not
+    change the softmax, so ``-s_h * (q_i - k_j)`` and BLOOM's ``s_h * k_j`` give the same weights
+    (tested). Computed in float64 on the CPU; returned on ``slopes``' device, in float64 (float32 on
+    Apple's MPS, which has no float64).
 
     Args:
         slopes: (H,) head slopes (:func:`alibi_slopes`). q_positions: (T,). k_positions: (S,).
@@ -354,10 +367,12 @@ def alibi_bias(slopes: torch.Tensor, q_positions, k_positions) -> torch.Tensor:
     """
     require_tensor("slopes", slopes)
     require_rank("slopes", slopes, 1, "(H,)")
-    q = _positions_tensor(q_positions, device=slopes.device)
-    k = _positions_tensor(k_positions, device=slopes.device)
+    q = _positions_tensor(q_positions)  # (T,) float64 on the CPU
+    k = _positions_tensor(k_positions)  # (S,)
     offset = q[:, None] - k[None, :]  # (T, 1) - (1, S) -> (T, S): how far back key j is
-    return -slopes.to(torch.float64)[:, None, None] * offset[None]  # (H, 1, 1) * (1, T, S) -> (H, T, S)
+    s = slopes.detach().to(device="cpu", dtype=torch.float64)
+    bias = -s[:, None, None] * offset[None]  # (H, 1, 1) * (1, T, S) -> (H, T, S)
+    return bias.to(device=slopes.device, dtype=torch.float32 if slopes.device.type == "mps" else torch.float64)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -511,7 +526,7 @@ class RotaryPositions(PositionScheme):
         # Dh is checked here: apply_rope alone would happily rotate a head of another width.
         _require_features("x", x, self.d_head, "Dh", "(B, H, T, Dh)")
         start = _require_start(start)
-        positions = torch.arange(start, start + x.shape[-2], device=x.device)
+        positions = torch.arange(start, start + x.shape[-2])  # on the CPU: no device-to-host copy
         return apply_rope(x, positions, base=self.base, layout=self.layout, interpolation=self.interpolation)
 
     def extra_repr(self) -> str:
@@ -528,15 +543,16 @@ class ALiBiPositions(PositionScheme):
 
     def __init__(self, n_heads: int):
         super().__init__()
-        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)  # (H,) float64
+        # A plain CPU tensor, not a buffer: .to(device) leaves it (and its float64) where it is, and
+        # score_bias moves only the finished bias (Apple's MPS has no float64).
+        self.slopes = alibi_slopes(n_heads)  # (H,) float64, on the CPU
 
     def score_bias(self, T: int, S: int, start: int = 0, *, dtype=torch.float32, device=None):
+        """The (H, T, S) bias in ``dtype`` on ``device`` (default: the CPU), computed in float64."""
         T, S = require_positive_int("T", T), require_positive_int("S", S)
         start = _require_start(start)
-        q = torch.arange(start, start + T, device=self.slopes.device)
-        k = torch.arange(S, device=self.slopes.device)
-        bias = alibi_bias(self.slopes, q, k)  # (H, T, S)
-        return bias.to(dtype=dtype, device=device if device is not None else self.slopes.device)
+        bias = alibi_bias(self.slopes, torch.arange(start, start + T), torch.arange(S))  # (H, T, S), CPU
+        return bias.to(dtype=dtype, device=device if device is not None else "cpu")
 
 
 #: The names :func:`make_positions` accepts.

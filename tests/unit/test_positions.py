@@ -521,3 +521,43 @@ X4 = torch.zeros(3, 4)
 def test_errors_name_the_argument(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_float64_math_stays_on_the_cpu_so_devices_without_float64_work():
+    """Apple's MPS has no float64: the angles and biases are computed in float64 on the CPU, and only
+    the results reach the data's device. Checked on the "meta" device, which records every op: no
+    float64 tensor may be created there for float32 data (before the fix, the positions, angles and
+    biases were float64 tensors on the data's device)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Float64OnMeta(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.device.type == "meta" and t.dtype == torch.float64:
+                    self.seen.append(str(func))
+            return out
+
+    x = torch.empty(2, 3, 5, 8, device="meta")  # (B, H, T, Dh) float32
+    with Float64OnMeta() as mode:
+        for layout in P.ROPE_LAYOUTS:
+            out = P.apply_rope(x, torch.arange(5), layout=layout)
+            assert out.device.type == "meta" and out.dtype == torch.float32
+        P.RotaryPositions(8).rotate(x, start=3)
+        pe = P.sinusoidal_encoding(5, 8, device="meta")
+        bias = P.ALiBiPositions(3).score_bias(5, 5, dtype=torch.float32, device="meta")
+        P.SinusoidalPositions(8).add_absolute(torch.empty(2, 5, 8, device="meta"))
+    assert pe.device.type == "meta" and bias.device.type == "meta" and bias.dtype == torch.float32
+    assert mode.seen == [], mode.seen
+
+
+def test_alibi_positions_slopes_stay_on_the_cpu_when_the_module_moves():
+    scheme = P.ALiBiPositions(4)
+    scheme.to(torch.float32)  # .to() must not touch the float64 slopes (they are not a buffer)
+    assert scheme.slopes.dtype == torch.float64 and scheme.slopes.device.type == "cpu"
+    bias = scheme.score_bias(3, 3, dtype=torch.float64)
+    torch.testing.assert_close(bias, P.alibi_bias(P.alibi_slopes(4), torch.arange(3), torch.arange(3)), rtol=0, atol=0)

@@ -158,7 +158,7 @@ def _slope_mistakes(H: int) -> list[tuple[np.ndarray, str]]:
     above = 2 ** int(math.ceil(math.log2(H)))
     mistakes = [
         (_geometric(H), f"For H = {H}, which is not a power of two, you used the geometric sequence "
-                        f"2^(-8/H), 2^(-16/H), ... for all {H} heads. The paper's recipe: the {n} slopes of the "
+                        f"2^(-8/H), 2^(-16/H), ... for all {H} heads. The rule of the paper's released code: the {n} slopes of the "
                         f"closest power of two below ({n} heads), then every other slope of {2 * n} heads "
                         f"(2^(-8/{2 * n}), 2^(-24/{2 * n}), ...) until there are {H}."),
         (_geometric(H, 0), "Your first slope is 2^0 = 1: the exponents are -8(h+1)/H for h = 0 .. H-1, so the "

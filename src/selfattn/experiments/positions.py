@@ -169,7 +169,7 @@ def evaluate_rope_scaling(
         TypeError: ``model`` is not a GPT with RoPE positions. ValueError: a length that is not a
         positive int or longer than the windows; ``train_length`` not a positive int.
 
-    Source: Chen et al. 2023 (position interpolation); bloc97 2023 and Peng et al. 2023, section 3.2
+    Source: Chen et al. 2023 (position interpolation); bloc97 2023 and Peng et al. 2023, section 3.1
     (NTK-aware scaling); chapter 08.
     """
     if not isinstance(model, GPT) or not isinstance(model.positions, RotaryPositions):

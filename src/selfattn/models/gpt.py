@@ -125,7 +125,10 @@ class GPT(nn.Module):
     their absolute positions (``positions.rotate``), adds the scheme's score bias
     (``positions.score_bias``) and applies the causal mask. :meth:`forward` and
     :meth:`forward_cached` run the same branch; the KV cache stores keys after rotation, and the
-    queries of a cached step sit at positions ``len(cache) ..``.
+    queries of a cached step sit at positions ``len(cache) ..``. Caching rotated keys assumes the
+    rotation of a position never changes: a scheme whose angles depend on the current length (Hugging
+    Face's "dynamic" NTK scaling) would need the keys cached unrotated; and the scheme must not be
+    swapped while a cache is live.
 
     Args:
         config: a :class:`GPTConfig`.
@@ -188,7 +191,9 @@ class GPT(nn.Module):
         # The new queries are the last T of S positions: bottom-right causal alignment (T == S
         # without a cache: the ordinary lower-triangular mask).
         keep = causal_mask(T, S, alignment="bottom_right", device=x.device)  # (T, S)
-        bias = self.positions.score_bias(T, S, start, dtype=x.dtype, device=x.device)  # (H, T, S) or None
+        # ALiBi's bias in float32 at least: in bfloat16, -s * d near d = 500 would be rounded to steps of 2
+        bias_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+        bias = self.positions.score_bias(T, S, start, dtype=bias_dtype, device=x.device)  # (H, T, S) or None
         weights = []
         for block, cache in zip(self.blocks, caches, strict=True):
             attn_out, w = self._attention(block, block.ln1(x), cache, start, keep, bias)

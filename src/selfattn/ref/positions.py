@@ -270,7 +270,7 @@ def ntk_scaled_base(base: float, factor: float, d_head: int) -> float:
         TypeError / ValueError: ``base`` not a finite number > 1, ``factor`` < 1, ``d_head`` not an
         even int > 2.
 
-    Source: bloc97 2023 ("NTK-aware scaled RoPE"); Peng et al. 2023 (YaRN), section 3.2; chapter 08.
+    Source: bloc97 2023 ("NTK-aware scaled RoPE"); Peng et al. 2023 (YaRN), section 3.1; chapter 08.
     """
     base = _number("base", base, minimum=1.0, strict=True)
     factor = _number("factor", factor, minimum=1.0, strict=False)
