@@ -35,7 +35,9 @@ written independently.
 from __future__ import annotations
 
 import math
+import numbers
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -77,16 +79,40 @@ def _require_even(name: str, value) -> int:
     return value
 
 
+def _is_real(value) -> bool:
+    """A real number (Python or NumPy), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_int(value) -> bool:
+    """An integer (Python or NumPy), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+#: Positions beyond 2^53 are not exact in float64, the dtype the angles are computed in.
+_MAX_POSITION = 2**53
+
+
 def _require_base(base) -> float:
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not (math.isfinite(base) and base > 1):
+    if not _is_real(base):
+        raise TypeError(f"base must be a real number > 1; got {base!r} ({type(base).__name__})")
+    if not (math.isfinite(base) and base > 1):
         raise ValueError(f"base must be a finite number > 1; got {base!r}")
     return float(base)
 
 
+def _require_float_dtype(name: str, dtype) -> torch.dtype:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating torch.dtype (e.g. torch.float32); got {dtype!r}")
+    return dtype
+
+
 def _require_start(start) -> int:
-    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-        raise ValueError(f"start must be an int >= 0 (the first position); got {start!r}")
-    return start
+    if not _is_int(start):
+        raise TypeError(f"start must be an int >= 0 (the first position); got {start!r} ({type(start).__name__})")
+    if not 0 <= start < _MAX_POSITION:
+        raise ValueError(f"start must be an int in [0, 2^53) (the first position); got {start!r}")
+    return int(start)
 
 
 def _positions_tensor(positions) -> torch.Tensor:
@@ -94,7 +120,11 @@ def _positions_tensor(positions) -> torch.Tensor:
     fractional). Angles and biases are computed there in float64 and only their results are moved to
     the data's device: Apple's MPS has no float64."""
     if not isinstance(positions, torch.Tensor):
-        positions = torch.as_tensor(positions)
+        try:
+            positions = torch.as_tensor(positions)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as error:
+            raise TypeError(f"positions must be a (T,) sequence or tensor of real numbers; got {positions!r:.80}"
+                            f" ({type(positions).__name__}: {error})") from None
     if positions.ndim != 1:
         raise ValueError(f"positions must have shape (T,) (1 dims); got shape {shape_of(positions)}")
     if positions.dtype == torch.bool or positions.is_complex():
@@ -104,6 +134,9 @@ def _positions_tensor(positions) -> torch.Tensor:
         bad = positions[~torch.isfinite(positions)]
         raise ValueError(f"positions must be finite; got {bad.numel()} NaN or inf of {positions.numel()} "
                          f"(first: {bad[:3].tolist()})")
+    if positions.numel() and float(positions.abs().max()) >= _MAX_POSITION:
+        raise ValueError(f"positions must lie in (-2^53, 2^53), where float64 is exact; got max |p| = "
+                         f"{float(positions.abs().max()):.3g}")
     return positions
 
 
@@ -146,6 +179,7 @@ def sinusoidal_encoding(
     D = _require_even("d_model", d_model)
     base = _require_base(base)
     start = _require_start(start)
+    dtype = _require_float_dtype("dtype", dtype)
     p = torch.arange(start, start + T, dtype=torch.float64)  # (T,), on the CPU: float64 exists there
     w = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # (D/2,)
     angles = p[:, None] * w[None, :]  # (T, 1) * (1, D/2) -> (T, D/2)
@@ -166,8 +200,9 @@ def sinusoidal_shift_matrix(offset: int, d_model: int, *, base: float = 10000.0,
     Source: Vaswani et al. 2017, section 3.5 ("PE_{pos+k} can be represented as a linear function of
     PE_pos"); chapter 08.
     """
-    if isinstance(offset, bool) or not isinstance(offset, int):
-        raise ValueError(f"offset must be an int (a number of positions); got {offset!r}")
+    if not _is_int(offset):
+        raise TypeError(f"offset must be an int (a number of positions); got {offset!r} ({type(offset).__name__})")
+    offset = int(offset)
     D = _require_even("d_model", d_model)
     base = _require_base(base)
     w = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # (D/2,)
@@ -213,9 +248,9 @@ def rope_cos_sin(positions, d_head: int, *, base: float = 10000.0, interpolation
 
     Source: Su et al. 2021, eq. 34; Chen et al. 2023 (position interpolation); chapter 08.
     """
-    if isinstance(interpolation, bool) or not isinstance(interpolation, (int, float)) or not (
-        math.isfinite(interpolation) and interpolation >= 1
-    ):
+    if not _is_real(interpolation):
+        raise TypeError(f"interpolation must be a real number >= 1; got {interpolation!r} ({type(interpolation).__name__})")
+    if not (math.isfinite(interpolation) and interpolation >= 1):
         raise ValueError(f"interpolation must be a finite number >= 1; got {interpolation!r}")
     theta = rope_frequencies(d_head, base=base)  # (Dh/2,)
     p = _positions_tensor(positions) / float(interpolation)  # (T,)
@@ -309,7 +344,9 @@ def ntk_scaled_base(base: float, factor: float, d_head: int) -> float:
     Source: bloc97 2023 ("NTK-aware scaled RoPE"); Peng et al. 2023 (YaRN), section 3.1; chapter 08.
     """
     base = _require_base(base)
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (math.isfinite(factor) and factor >= 1):
+    if not _is_real(factor):
+        raise TypeError(f"factor must be a real number >= 1; got {factor!r} ({type(factor).__name__})")
+    if not (math.isfinite(factor) and factor >= 1):
         raise ValueError(f"factor must be a finite number >= 1; got {factor!r}")
     Dh = _require_even("d_head", d_head)
     if Dh <= 2:
@@ -367,6 +404,10 @@ def alibi_bias(slopes: torch.Tensor, q_positions, k_positions) -> torch.Tensor:
     """
     require_tensor("slopes", slopes)
     require_rank("slopes", slopes, 1, "(H,)")
+    if not slopes.dtype.is_floating_point:
+        raise TypeError(f"slopes must be a floating tensor of head slopes; got dtype {slopes.dtype}")
+    if not bool(torch.isfinite(slopes).all()):
+        raise ValueError(f"slopes must be finite; got {slopes.tolist()}")
     q = _positions_tensor(q_positions)  # (T,) float64 on the CPU
     k = _positions_tensor(k_positions)  # (S,)
     offset = q[:, None] - k[None, :]  # (T, 1) - (1, S) -> (T, S): how far back key j is
@@ -457,7 +498,7 @@ class LearnedPositions(PositionScheme):
         start = _require_start(start)
         T = x.shape[-2]
         self.check_positions(start, T)
-        return x + self.weight[start : start + T]  # (B, T, D) + (T, D)
+        return x + self.weight[start : start + T].to(x.dtype)  # (B, T, D) + (T, D), in x's dtype
 
 
 class SinusoidalPositions(PositionScheme):
@@ -493,6 +534,8 @@ class SinusoidalPositions(PositionScheme):
 
     def add_absolute(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         _require_features("x", x, self.d_model, "D", "(B, T, D)")
+        if x.shape[-2] == 0:
+            return self.embedding_scale * x  # no positions: nothing to add
         pe = sinusoidal_encoding(x.shape[-2], self.d_model, base=self.base, start=start, dtype=x.dtype, device=x.device)
         return self.embedding_scale * x + pe  # (B, T, D) + (T, D)
 
@@ -551,6 +594,7 @@ class ALiBiPositions(PositionScheme):
         """The (H, T, S) bias in ``dtype`` on ``device`` (default: the CPU), computed in float64."""
         T, S = require_positive_int("T", T), require_positive_int("S", S)
         start = _require_start(start)
+        dtype = _require_float_dtype("dtype", dtype)
         bias = alibi_bias(self.slopes, torch.arange(start, start + T), torch.arange(S))  # (H, T, S), CPU
         return bias.to(dtype=dtype, device=device if device is not None else "cpu")
 
@@ -577,6 +621,7 @@ def make_positions(
     if name not in POSITION_SCHEMES:
         raise ValueError(f"positions must be one of {POSITION_SCHEMES}; got {name!r}")
     d_model, n_heads = require_positive_int("d_model", d_model), require_positive_int("n_heads", n_heads)
+    max_positions = require_positive_int("max_positions", max_positions)
     if d_model % n_heads:
         raise ValueError(f"d_model must be divisible by n_heads; got d_model={d_model}, n_heads={n_heads}")
     d_head = d_model // n_heads

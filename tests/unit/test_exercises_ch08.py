@@ -263,3 +263,13 @@ def test_relative_score_catches_a_score_that_moves_with_both_positions():
     # A cos/sin table of 32 positions, clipped past its end: right for short positions only.
     fb = ch08.check_relative_score(lambda q, k, m, n: _score(q, k, min(m, 31), min(n, 31)))
     assert not fb and "Shifting both positions changed your score" in fb.message
+
+
+def test_rope_check_names_an_ignored_base_argument():
+    """A solution that always uses base 10000 was told its frequencies were squared (10000^(-2i/d) is
+    100^(-4i/d), and one case passes base 100): the ignored base is named first."""
+    from selfattn import positions as P
+
+    feedback = ch08.check_apply_rope(lambda x, p, base: P.apply_rope(x, p, layout="interleaved"))
+    assert not feedback and "base 10000 instead of the base argument" in feedback.message
+    assert "squared" not in feedback.message

@@ -432,11 +432,11 @@ X4 = torch.zeros(3, 4)
         (lambda: P.sinusoidal_encoding(2, 4.0), TypeError, "d_model"),
         (lambda: P.sinusoidal_encoding(2, 4, base=1), ValueError, "base"),
         (lambda: P.sinusoidal_encoding(2, 4, start=-2), ValueError, "start"),
-        (lambda: P.sinusoidal_shift_matrix(0.5, 4), ValueError, "offset"),
+        (lambda: P.sinusoidal_shift_matrix(0.5, 4), TypeError, "offset"),
         (lambda: P.sinusoidal_shift_matrix(1, 5), ValueError, "d_model"),
         (lambda: P.rope_frequencies(5), ValueError, "d_head must be even"),
         (lambda: P.rope_frequencies(4, base=float("nan")), ValueError, "base"),
-        (lambda: P.rope_frequencies(4, base="10000"), ValueError, "base"),
+        (lambda: P.rope_frequencies(4, base="10000"), TypeError, "base"),
         (lambda: P.rope_cos_sin([0, 1], 4, interpolation=0.5), ValueError, "interpolation"),
         (lambda: P.apply_rope(X4.numpy(), [0, 1, 2]), TypeError, "x must be a torch.Tensor"),
         (lambda: P.apply_rope(X4.long(), [0, 1, 2]), TypeError, "floating-point"),
@@ -466,8 +466,8 @@ X4 = torch.zeros(3, 4)
             ValueError,
             "interpolation",
         ),
-        (lambda: P.apply_rope(X4, [0, 1, 2], base="1e4"), ValueError, "base"),
-        (lambda: P.apply_rope(X4, [0, 1, 2], interpolation=True), ValueError, "interpolation"),
+        (lambda: P.apply_rope(X4, [0, 1, 2], base="1e4"), TypeError, "base"),
+        (lambda: P.apply_rope(X4, [0, 1, 2], interpolation=True), TypeError, "interpolation"),
         (lambda: P.apply_rope(X4, [0, 1, 2], layout=None), ValueError, "layout"),
         (
             lambda: P.apply_rope(X4, torch.tensor([0, 1, 2]) + 0j),
@@ -510,7 +510,7 @@ X4 = torch.zeros(3, 4)
         (lambda: P.RotaryPositions(7), ValueError, "d_head"),
         (lambda: P.ALiBiPositions(-1), ValueError, "n_heads"),
         (lambda: P.RotaryPositions(4).rotate(X4, start=-1), ValueError, "start"),
-        (lambda: P.ALiBiPositions(2).score_bias(2, 2, start=1.5), ValueError, "start"),
+        (lambda: P.ALiBiPositions(2).score_bias(2, 2, start=1.5), TypeError, "start"),
         (
             lambda: P.make_positions("none", max_positions=4, d_model=4, n_heads=0),
             ValueError,
@@ -561,3 +561,39 @@ def test_alibi_positions_slopes_stay_on_the_cpu_when_the_module_moves():
     assert scheme.slopes.dtype == torch.float64 and scheme.slopes.device.type == "cpu"
     bias = scheme.score_bias(3, 3, dtype=torch.float64)
     torch.testing.assert_close(bias, P.alibi_bias(P.alibi_slopes(4), torch.arange(3), torch.arange(3)), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: P.sinusoidal_encoding(3, 4, dtype=torch.int64), TypeError, "dtype must be a floating"),
+        (lambda: P.sinusoidal_encoding(3, 4, dtype="float32"), TypeError, "dtype must be a floating"),
+        (lambda: P.ALiBiPositions(4).score_bias(2, 3, 1, dtype=torch.int64), TypeError, "dtype must be a floating"),
+        (lambda: P.alibi_bias(torch.tensor([float("nan"), 0.5]), [0, 1], [0, 1]), ValueError, "slopes must be finite"),
+        (lambda: P.alibi_bias(torch.tensor([True, False]), [0, 1], [0, 1]), TypeError, "slopes must be a floating"),
+        (lambda: P.apply_rope(torch.randn(5, 4), "01234"), TypeError, "positions must"),
+        (lambda: P.apply_rope(torch.randn(5, 4), None), TypeError, "positions must"),
+        (lambda: P.apply_rope(torch.randn(1, 4), [2**70]), TypeError, "positions must"),
+        (lambda: P.apply_rope(torch.randn(1, 4), [2.0**60]), ValueError, "2\\^53"),
+        (lambda: P.sinusoidal_encoding(4, 8, start=2**62), ValueError, "start"),
+        (lambda: P.make_positions("rope", max_positions="x", d_model=8, n_heads=2), TypeError, "max_positions"),
+    ],
+)
+def test_bad_values_found_by_a_new_user_raise_naming_the_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_numpy_scalars_are_accepted_like_python_numbers():
+    np.testing.assert_array_equal(P.sinusoidal_encoding(4, 8, start=np.int64(3)).numpy(),
+                                  P.sinusoidal_encoding(4, 8, start=3).numpy())  # fmt: skip
+    x = torch.randn(3, 4, dtype=torch.float64)
+    torch.testing.assert_close(P.apply_rope(x, [0, 1, 2], base=np.float32(1e4)), P.apply_rope(x, [0, 1, 2]), rtol=0, atol=0)
+    torch.testing.assert_close(P.sinusoidal_shift_matrix(np.int64(2), 8), P.sinusoidal_shift_matrix(2, 8), rtol=0, atol=0)
+
+
+def test_scheme_edge_cases_keep_dtype_and_accept_no_positions():
+    half = torch.zeros(1, 3, 8, dtype=torch.float16)
+    assert P.LearnedPositions(4, 8).add_absolute(half).dtype == torch.float16
+    assert P.SinusoidalPositions(8).add_absolute(half).dtype == torch.float16
+    assert P.SinusoidalPositions(8).add_absolute(torch.zeros(2, 0, 8)).shape == (2, 0, 8)

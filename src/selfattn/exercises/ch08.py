@@ -85,7 +85,11 @@ def _rope_mistakes(x: torch.Tensor, positions: torch.Tensor, base: float) -> lis
     i = torch.arange(Dh // 2, dtype=torch.float64)
     right = base ** (-2 * i / Dh)
     T = x.shape[0]
-    return [
+    ignored_base = [] if base == 10000.0 else [
+        (_pos.apply_rope(x, positions, base=10000.0, layout="interleaved").numpy(),
+         f"You used base 10000 instead of the base argument (this case passes base = {base:g}): "
+         "theta_i = base^(-2i/Dh) with the base you are given.")]
+    return ignored_base + [
         (x.numpy(), "Your output equals the input, as if every row sat at position 0: nothing was rotated. "
                     "Each pair must turn by the angle position × theta_i; did you use the positions?"),
         (_pos.apply_rope(x, torch.arange(T), base=base, layout="interleaved").numpy(),

@@ -269,7 +269,7 @@ class ExtrapolationResult:
         for label, values in self.rows():
             cells = "".join(f"{'-':>9}" if v is None else f"{v:>9.3f}" for v in values)
             lines.append(f"{label:<28}{cells}")
-        lines.append(f"{'unigram / uniform':<28}{self.unigram:>9.3f}{self.uniform:>9.3f}")
+        lines.append(f"baselines: unigram {self.unigram:.3f}, uniform (log V) {self.uniform:.3f}")
         return "\n".join(lines)
 
 

@@ -565,7 +565,7 @@ def extrapolation_figure(losses: Mapping[str, object], *, train_length: int = 64
         else:
             parts.append(f"{name}: {inside}, and nothing past position {len(c) - 1} (it cannot run there)")
     base = (" Horizontal lines: " + ", ".join(f"{k} {v:.2f}" for k, v in lines.items()) + ".") if lines else ""
-    return describe(fig, f"Line chart of the loss at each position for {len(curves)} position schemes; a dotted "
+    return describe(fig, f"Line chart of the loss at each position for {len(curves)} position scheme{'s' if len(curves) != 1 else ''}; a dotted "
                          f"vertical line marks the training length {T}. Mean loss: " + "; ".join(parts) + "." + base)
 
 
