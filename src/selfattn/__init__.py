@@ -23,6 +23,8 @@ chapter                                     modules
 ==========================================  ==========================================================
 
 Every chapter also has ``viz.<topic>`` (figures and explorers) and ``exercises.chNN`` (the checks).
+Ahead of its chapter (inference, issue 12): ``gqa`` (grouped-query and multi-query attention, the
+KV-cache size per token).
 """
 
 from ._workarounds import initialise_mkl_vml
