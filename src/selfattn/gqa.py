@@ -28,8 +28,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._validate import require_dtype, require_flag, require_positive_int, require_probability, require_rank
-from ._validate import require_tensor, shape_of
+from ._validate import (
+    require_dtype,
+    require_flag,
+    require_positive_int,
+    require_probability,
+    require_rank,
+    require_tensor,
+    shape_of,
+)
 from .attention import scaled_dot_product_attention
 from .multihead import MultiHeadAttention, merge_heads, split_heads
 
