@@ -24,7 +24,7 @@ chapter                                     modules
 
 Every chapter also has ``viz.<topic>`` (figures and explorers) and ``exercises.chNN`` (the checks).
 Ahead of its chapter (inference, issue 12): ``gqa`` (grouped-query and multi-query attention, the
-KV-cache size per token).
+KV-cache size per token) and ``sampling`` (greedy, temperature, top-k, top-p; used by ``GPT.generate``).
 """
 
 from ._workarounds import initialise_mkl_vml

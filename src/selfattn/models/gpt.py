@@ -34,6 +34,7 @@ from ..embeddings import TokenEmbedding
 from ..masks import causal_mask
 from ..multihead import merge_heads, split_heads
 from ..positions import POSITION_SCHEMES, make_positions
+from ..sampling import _require_top_k, _require_top_p, sample
 from .tiny_lm import next_token_loss
 
 __all__ = [
@@ -269,12 +270,15 @@ class GPT(nn.Module):
         greedy: bool = False,
         generator: torch.Generator | None = None,
         use_cache: bool = True,
+        top_k: int | None = None,
+        top_p: float | None = None,
     ) -> torch.Tensor:
         """Append ``max_new_tokens`` tokens to ``input_ids``, one at a time.
 
         Each step turns the last position's logits into probabilities ``softmax(logits /
-        temperature)`` and takes the most probable token (``greedy``) or a sample drawn with
-        ``generator`` (``torch.multinomial``). With ``use_cache`` only the new token passes through
+        temperature)``, optionally keeping only the top-k tokens and the top-p nucleus
+        (:func:`selfattn.sampling.sample`), and takes the most probable token (``greedy``) or a
+        sample drawn with ``generator`` (``torch.multinomial``). With ``use_cache`` only the new token passes through
         the model at each step (keys and values of earlier positions are read from the cache);
         without it the whole sequence is recomputed. Both give the same tokens (tested, greedy and
         seeded sampling, every scheme). The result may be longer than ``block_size`` except with
@@ -287,6 +291,8 @@ class GPT(nn.Module):
             temperature: > 0; below 1 sharpens, above 1 flattens the distribution.
             greedy: argmax instead of sampling. generator: for reproducible samples.
             use_cache: decode with a :class:`KVCache` per layer.
+            top_k: sample among the k most probable tokens (None: all). top_p: among the smallest set
+                whose probability reaches p (None or 1: all).
 
         Returns:
             (B, T0 + max_new_tokens) int64, the prompt followed by the new tokens.
@@ -304,6 +310,8 @@ class GPT(nn.Module):
         n_new = require_positive_int("max_new_tokens", max_new_tokens)
         if isinstance(temperature, bool) or not (isinstance(temperature, (int, float)) and 0 < temperature < math.inf):
             raise ValueError(f"temperature must be a finite number > 0; got {temperature!r}")
+        _require_top_k(top_k)
+        _require_top_p(top_p)
         total = input_ids.shape[1] + n_new
         limit = self.positions.max_positions
         if limit is not None and total > limit:
@@ -322,21 +330,12 @@ class GPT(nn.Module):
                 logits = self.forward_cached(step_input, caches)[:, -1]  # (B, V)
             else:
                 logits = self(ids)[:, -1]  # (B, T, V) -> (B, V)
-            next_id = _choose(logits, temperature, greedy, generator)  # (B, 1)
+            next_id = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
+                             generator=generator)  # (B, 1)
             ids = torch.cat([ids, next_id], dim=1)  # (B, T) -> (B, T + 1)
             step_input = next_id
         self.train(was_training)
         return ids
-
-
-def _choose(logits: torch.Tensor, temperature: float, greedy: bool, generator) -> torch.Tensor:
-    """(B, V) logits -> (B, 1) next ids, the argmax or a sample from softmax(logits / temperature)."""
-    if greedy:
-        return logits.argmax(dim=-1, keepdim=True)  # (B, V) -> (B, 1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)  # (B, V)
-    if generator is not None and generator.device != probs.device:
-        probs = probs.to(generator.device)  # sample where the generator lives: same stream anywhere
-    return torch.multinomial(probs, 1, generator=generator).to(logits.device)  # (B, 1)
 
 
 @dataclass
