@@ -32,13 +32,12 @@ from ._validate import (
     require_dtype,
     require_flag,
     require_positive_int,
-    require_probability,
     require_rank,
     require_tensor,
     shape_of,
 )
 from .attention import scaled_dot_product_attention
-from .multihead import MultiHeadAttention, merge_heads, split_heads
+from .multihead import MHAConfig, MultiHeadAttention, merge_heads, split_heads
 
 __all__ = ["GQAConfig", "GroupedQueryAttention", "repeat_kv", "kv_cache_bytes_per_token"]
 
@@ -65,21 +64,14 @@ class GQAConfig:
     dropout: float = 0.0
 
     def __post_init__(self):
-        for name in ("d_model", "n_heads", "n_kv_heads"):
-            require_positive_int(name, getattr(self, name))
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"d_model={self.d_model} must be divisible by n_heads={self.n_heads} "
-                "(each head gets d_head = d_model // n_heads features)"
-            )
+        # d_model, n_heads, bias and dropout: the checks (and messages) of multi-head attention
+        MHAConfig(self.d_model, self.n_heads, bias=self.bias, dropout=self.dropout)
+        require_positive_int("n_kv_heads", self.n_kv_heads)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads} "
                 "(each key/value head serves a group of n_heads // n_kv_heads query heads)"
             )
-        if not isinstance(self.bias, bool):
-            raise TypeError(f"bias must be a bool; got {self.bias!r}")
-        require_probability("dropout", self.dropout)
 
     @property
     def d_head(self) -> int:

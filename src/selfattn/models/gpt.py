@@ -35,7 +35,7 @@ from ..masks import causal_mask
 from ..multihead import merge_heads, split_heads
 from ..positions import POSITION_SCHEMES, make_positions
 from ..sampling import _require_top_k, _require_top_p, sample
-from .tiny_lm import next_token_loss
+from .tiny_lm import TinyLMConfig, next_token_loss
 
 __all__ = [
     "GPTConfig",
@@ -80,10 +80,8 @@ class GPTConfig:
     rope_base: float = 10000.0
 
     def __post_init__(self):
-        require_positive_int("vocab_size", self.vocab_size)
-        require_positive_int("block_size", self.block_size)
-        require_positive_int("n_layers", self.n_layers)
-        BlockConfig(self.d_model, self.n_heads, self.d_ff)  # validates d_model, n_heads, d_ff
+        # the sizes: chapter 04's checks, the same messages
+        TinyLMConfig(self.vocab_size, self.block_size, self.d_model, self.n_heads, self.n_layers, self.d_ff)
         if not isinstance(self.positions, str) or self.positions not in POSITION_SCHEMES:
             raise ValueError(f"positions must be one of {POSITION_SCHEMES}; got {self.positions!r}")
         base = self.rope_base
