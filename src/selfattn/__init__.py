@@ -18,13 +18,12 @@ chapter                                     modules
 08 positions                                ``positions``, ``ref.positions``, ``experiments.positions``
 09 parallel and quadratic                   ``efficient.variants``, ``efficient.memory``, ``experiments``
 10 FlashAttention                           ``efficient.tiled``, ``efficient.triton_kernel``, ``ref.online``
-11 attention explanations                   ``interpret``
-12 capstone GPT                             ``models.gpt``, ``efficient.kv_cache``, ``checkpoint``
+11 inference                                ``inference``, ``gqa``, ``sampling``
+12 attention explanations                   ``interpret``
+13 capstone GPT                             ``models.gpt``, ``efficient.kv_cache``, ``checkpoint``
 ==========================================  ==========================================================
 
 Every chapter also has ``viz.<topic>`` (figures and explorers) and ``exercises.chNN`` (the checks).
-Ahead of its chapter (inference, issue 12): ``gqa`` (grouped-query and multi-query attention, the
-KV-cache size per token) and ``sampling`` (greedy, temperature, top-k, top-p; used by ``GPT.generate``).
 """
 
 from ._workarounds import initialise_mkl_vml

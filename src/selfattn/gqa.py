@@ -16,7 +16,7 @@ and value projections of each group, the initialisation of Ainslie et al. (secti
 Weight layout as in :mod:`selfattn.multihead` (the maths' layout, ``X @ W``): ``W_Q`` and ``W_O`` are
 (D, D), ``W_K`` and ``W_V`` are (D, n_kv_heads * Dh); key/value head g owns columns ``g*Dh:(g+1)*Dh``.
 
-Introduced for the inference chapter (issue 12); the KV cache itself is chapter 10's.
+Introduced in chapter 11 (inference); the KV cache itself is chapter 10's.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ class GroupedQueryAttention(nn.Module):
         TypeError / ValueError: inputs not (B, T, D) tensors of width d_model and the parameters'
         dtype; different batch sizes; every error of :func:`selfattn.scaled_dot_product_attention`.
 
-    Source: Shazeer 2019 (multi-query); Ainslie et al. 2023 (grouped-query), section 2; issue 12.
+    Source: Shazeer 2019 (multi-query); Ainslie et al. 2023 (grouped-query), section 2; chapter 11.
     """
 
     def __init__(self, config: GQAConfig, generator: torch.Generator | None = None):
@@ -212,7 +212,7 @@ class GroupedQueryAttention(nn.Module):
         Raises:
             TypeError: ``mha`` not a MultiHeadAttention. ValueError: ``n_kv_heads`` not dividing n_heads.
 
-        Source: Ainslie et al. 2023, section 2.1 (mean pooling); issue 12.
+        Source: Ainslie et al. 2023, section 2.1 (mean pooling); chapter 11.
         """
         if not isinstance(mha, MultiHeadAttention):
             raise TypeError(f"mha must be a selfattn.MultiHeadAttention; got {type(mha).__name__}")

@@ -21,7 +21,7 @@ The interventions use only the public parts of the encoder: its ``embeddings`` a
 each block called with a per-layer keep-mask (:func:`run_layers`), and a forward hook on each
 block's attention that keeps the gradient of its weights (:func:`edge_attributions`).
 
-Introduced in chapter 11 (claim 19). Sources: Jain & Wallace 2019; Wiegreffe & Pinter 2019;
+Introduced in chapter 12 (claim 19). Sources: Jain & Wallace 2019; Wiegreffe & Pinter 2019;
 Kobayashi et al. 2020; Abnar & Zuidema 2020.
 """
 
@@ -79,7 +79,7 @@ def run_layers(
         TypeError / ValueError: not an Encoder; ``x`` not (B, T, D); ``start`` out of range; a mask
         that is not a boolean tensor broadcastable to (B, H, T, T).
 
-    Source: chapter 11.
+    Source: chapter 12.
     """
     _require_encoder(encoder)
     require_tensor("x", x)
@@ -101,7 +101,7 @@ def run_layers(
 def sentence_embedding(hidden: torch.Tensor) -> torch.Tensor:
     """all-MiniLM-L6-v2's sentence embedding of unpadded sentences: mean over positions, L2-normalised.
 
-    (B, T, D) -> (B, D). Differentiable. Source: chapter 11 (as ``MiniLM.sentence_embedding``).
+    (B, T, D) -> (B, D). Differentiable. Source: chapter 12 (as ``MiniLM.sentence_embedding``).
     """
     pooled = hidden.mean(dim=1)  # (B, T, D) -> (B, D)
     return pooled / pooled.norm(dim=-1, keepdim=True)
@@ -133,7 +133,7 @@ def value_norms(encoder: Encoder, hidden_states) -> torch.Tensor:
         had all the weight. Multiply by the weights (B, L, H, T_query, T_key) to get the norms of
         the vectors each edge moves.
 
-    Source: Kobayashi et al. 2020, section 3 (eq. 6); chapter 11.
+    Source: Kobayashi et al. 2020, section 3 (eq. 6); chapter 12.
     """
     _require_encoder(encoder)
     norms = []
@@ -182,7 +182,7 @@ def edge_attributions(
     Raises:
         TypeError / ValueError: not an Encoder; ``input_ids`` not (1, T); ``reference`` not (D,).
 
-    Source: chapter 11.
+    Source: chapter 12.
     """
     _require_encoder(encoder)
     _check_ids(input_ids)
@@ -243,7 +243,7 @@ def _ablation_effects(
 def ablate_heads(encoder: Encoder, input_ids: torch.Tensor, reference: torch.Tensor) -> np.ndarray:
     """Change of f when one head's context is zeroed (all its keys blocked): (L, H), signed.
 
-    Source: chapter 11 (Michel et al. 2019's head ablation, measured on f).
+    Source: chapter 12 (Michel et al. 2019's head ablation, measured on f).
     """
     _require_encoder(encoder)
     _check_ids(input_ids)
@@ -268,7 +268,7 @@ def ablate_edges(
 ) -> np.ndarray:
     """Change of f when one edge (query i, key j) of one head is blocked, row renormalised: (T, T), signed.
 
-    Source: chapter 11.
+    Source: chapter 12.
     """
     _require_encoder(encoder)
     _check_ids(input_ids)
@@ -289,7 +289,7 @@ def ablate_keys(
 ) -> np.ndarray:
     """Change of f when one head stops reading one key (column j blocked for every query): (H, T), signed.
 
-    Source: chapter 11.
+    Source: chapter 12.
     """
     _require_encoder(encoder)
     _check_ids(input_ids)
@@ -306,7 +306,7 @@ def spearman(a, b) -> float:
     Raises:
         ValueError: different lengths, fewer than 3 entries, NaN/inf, or a constant input.
 
-    Source: Spearman 1904; chapter 11.
+    Source: Spearman 1904; chapter 12.
     """
     a, b = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
     if a.shape != b.shape or a.size < 3:
@@ -336,7 +336,7 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
 def per_head_spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Spearman correlation over the edges of each head: (L, H, T, T) and (L, H, T, T) -> (L, H).
 
-    Source: chapter 11.
+    Source: chapter 12.
     """
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape or a.ndim != 4:

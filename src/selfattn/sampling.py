@@ -13,7 +13,7 @@ depends on how a sort orders equal values (top-k may then keep more than k token
 :func:`filter_logits` applies top-k and top-p by setting the others' logits to -inf; :func:`sample`
 draws the token; :meth:`selfattn.models.gpt.GPT.generate` uses both.
 
-Introduced for the inference chapter (issue 12); temperature sampling is chapter 12's.
+Introduced in chapter 11 (inference); temperature sampling is chapter 13's.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def filter_logits(logits: torch.Tensor, *, top_k: int | None = None, top_p: floa
         TypeError / ValueError: ``logits`` not a (B, V) floating tensor, NaN or +inf in it, a row
         with no finite logit; a bad ``top_k`` or ``top_p``.
 
-    Source: Fan et al. 2018 (top-k); Holtzman et al. 2020, section 3.1 (nucleus sampling); issue 12.
+    Source: Fan et al. 2018 (top-k); Holtzman et al. 2020, section 3.1 (nucleus sampling); chapter 11.
     """
     require_tensor("logits", logits)
     require_rank("logits", logits, 2, "(B, V)")
@@ -114,13 +114,13 @@ def sample(
     Greedy: the argmax (``temperature``, ``top_k`` and ``top_p`` ignored). Otherwise a draw from
     ``softmax(filter_logits(logits / temperature, top_k, top_p))`` with ``torch.multinomial`` and
     ``generator`` (on the generator's device, so a seed gives the same draws on any device). Without
-    top-k and top-p it is plain temperature sampling, drawing exactly as chapter 12 does.
+    top-k and top-p it is plain temperature sampling, drawing exactly as chapter 13 does.
 
     Raises:
         TypeError / ValueError: bad ``logits`` (as :func:`filter_logits`), ``temperature`` not a finite
         number > 0, bad ``top_k`` / ``top_p``, ``greedy`` not a bool.
 
-    Source: chapter 12 (temperature); Holtzman et al. 2020 (top-p); issue 12.
+    Source: chapter 13 (temperature); Holtzman et al. 2020 (top-p); chapter 11.
     """
     greedy = require_flag("greedy", greedy)
     temperature = _require_temperature(temperature)

@@ -119,7 +119,7 @@ def test_mha_catches_transposed_weights():
 
 
 def test_mha_accepts_a_list_pair():
-    # regression: [out, weights] was refused ("Return a pair") while 11.2 accepted a list
+    # regression: [out, weights] was refused ("Return a pair") while 12.2 accepted a list
     assert ch06.check_multi_head_attention(lambda X, *W: list(_mha(X, *W)))
     fb = ch06.check_multi_head_attention(lambda X, *W: [_mha(X, *W)[0]])
     assert not fb.ok and "pair (out, weights)" in fb.message and "list" in fb.message

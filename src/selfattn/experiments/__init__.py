@@ -2,5 +2,5 @@
 
 ``scaling`` (chapter 02: why scores are divided by sqrt(d_head)), ``tying`` (chapter 03: what tying
 values to keys costs), ``positions`` (chapter 08: position schemes past the training length, and
-RoPE's rescalings), ``retrieval`` (chapter 12: attention learns to address).
+RoPE's rescalings), ``retrieval`` (chapter 13: attention learns to address).
 """

@@ -12,7 +12,7 @@ of every layer can be returned, and :meth:`GPT.generate` decodes with or without
 :class:`~selfattn.efficient.KVCache` per layer, giving the same tokens either way. Except with
 learned positions, it runs on sequences longer than the ``block_size`` it was trained at.
 
-Introduced in chapter 12 (Radford et al. 2018's decoder-only layout, with pre-norm blocks); the
+Introduced in chapter 13 (Radford et al. 2018's decoder-only layout, with pre-norm blocks); the
 position schemes are compared in chapter 08.
 """
 
@@ -67,7 +67,7 @@ class GPTConfig:
         n_heads, an unknown ``positions``, a bad ``rope_base``, or sizes the scheme cannot use
         (RoPE needs an even d_head = d_model / n_heads; sinusoids an even d_model).
 
-    Source: chapter 12; the schemes, chapter 08.
+    Source: chapter 13; the schemes, chapter 08.
     """
 
     vocab_size: int
@@ -149,7 +149,7 @@ class GPT(nn.Module):
         tensor with ids in [0, V), T = 0, or (learned positions only) T > block_size.
 
     Source: Radford et al. 2018 (decoder-only); Vaswani et al. 2017 section 3.2.3 (causal mask);
-    chapter 12; position schemes, chapter 08.
+    chapter 13; position schemes, chapter 08.
     """
 
     def __init__(self, config: GPTConfig):
@@ -246,7 +246,7 @@ class GPT(nn.Module):
             ValueError: the wrong number of caches, caches of different lengths, or (learned
             positions) positions past the table.
 
-        Source: chapter 10 (the cache), chapter 12.
+        Source: chapter 10 (the cache), chapter 13.
         """
         if not isinstance(caches, (list, tuple)) or len(caches) != len(self.blocks):
             raise ValueError(
@@ -299,7 +299,7 @@ class GPT(nn.Module):
             TypeError / ValueError: bad ``input_ids``; ``max_new_tokens`` not a positive int;
             ``temperature`` <= 0; with learned positions, a result longer than the table.
 
-        Source: chapter 12.
+        Source: chapter 13.
         """
         greedy = require_flag("greedy", greedy)
         use_cache = require_flag("use_cache", use_cache)
@@ -367,7 +367,7 @@ def evaluate_loss(
     Raises:
         TypeError / ValueError: as :func:`selfattn.data.random_windows`.
 
-    Source: chapter 12.
+    Source: chapter 13.
     """
     require_positive_int("batches", batches)
     generator = torch.Generator().manual_seed(seed)
@@ -415,7 +415,7 @@ def train_lm(
     Raises:
         TypeError / ValueError: sizes not positive ints; ids too short for one window.
 
-    Source: chapter 12.
+    Source: chapter 13.
     """
     progress = require_flag("progress", progress)
     from tqdm.auto import tqdm
@@ -468,7 +468,7 @@ def unigram_cross_entropy(train_ids: torch.Tensor, val_ids: torch.Tensor, vocab_
     Raises:
         TypeError / ValueError: ids not 1-D integer tensors; ``vocab_size`` not a positive int.
 
-    Source: chapter 12.
+    Source: chapter 13.
     """
     for name, ids in (("train_ids", train_ids), ("val_ids", val_ids)):
         require_tensor(name, ids)

@@ -1,4 +1,4 @@
-"""Chapter 11's claim 19 on the real model: a high attention weight is not proof of causal
+"""Chapter 12's claim 19 on the real model: a high attention weight is not proof of causal
 importance. Numbers measured on the chapter's sentence (CPU, float32) and asserted with margins."""
 
 from __future__ import annotations
