@@ -304,6 +304,18 @@ def test_capstone_sized_gpt_has_the_capstone_sizes():
     assert CAPSTONE_SIZES["block_size"] == 64 and not model.training
 
 
+def test_spec_from_gpt_config_counts_the_models_weight_matrices():
+    model = capstone_sized_gpt()
+    spec = ModelSpec.from_gpt_config(model.config)
+    assert (spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_model, spec.d_head) == (2, 4, 4, 64, 16)
+    # every 2-D weight of the blocks and the read-out, i.e. N_w of the cost model (biases, norms, the
+    # input embedding excluded)
+    matrices = sum(p.numel() for n, p in model.named_parameters()
+                   if p.ndim == 2 and not n.startswith("token_embedding"))
+    assert matrices == spec.n_layers * weight_params_per_layer(spec) + 64 * 94
+    assert decode_step_cost(spec, 1).flops_weights == 2 * matrices
+
+
 def test_time_decode_structure_and_tokens_equal_generate():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=11, block_size=8, d_model=16, n_heads=2, n_layers=1, d_ff=32)).train()

@@ -129,6 +129,13 @@ class ModelSpec:
         """Query heads per key/value head, n_heads // n_kv_heads: the cache's saving over MHA."""
         return self.n_heads // self.n_kv_heads
 
+    @classmethod
+    def from_gpt_config(cls, config, name: str = "GPT", source: str = "selfattn.models.gpt.GPTConfig") -> ModelSpec:
+        """The spec of a :class:`~selfattn.models.gpt.GPT` built from ``config`` (multi-head
+        attention, a 2-matrix feed-forward of width ``config.d_ff``). Raises as the constructor."""
+        return cls(name, config.n_layers, config.n_heads, config.n_heads, config.d_model, config.d_head,
+                   config.vocab_size, source, d_ff=config.d_ff, ffn_matrices=2)
+
 
 PUBLISHED_SPECS: dict[str, ModelSpec] = {
     spec.name: spec
