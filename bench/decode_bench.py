@@ -1,6 +1,6 @@
 """Decoding speed with and without the KV cache, and this machine's roofline, side by side in one run.
 
-    python bench/decode_bench.py            # contexts 64 .. 4096 (~1-2 min on 2 cores), writes bench/results/
+    python bench/decode_bench.py            # contexts 64 .. 4096 (~2.5 min on 2 cores), writes bench/results/
     python bench/decode_bench.py --quick    # contexts 64, 256, 1024, prints the tables (~15 s)
 
 Model: the capstone-sized GPT of chapter 12 (``selfattn.inference.decode_timing.CAPSTONE_SIZES``:

