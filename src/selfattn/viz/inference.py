@@ -1,0 +1,172 @@
+"""Figure builders for chapter 11: what the KV cache costs, the roofline, and decoding speed.
+
+Builders return plotly Figures with a text description attached (never show them). They are static
+(hover text, legend toggles, log axes), so a reader of the book explores them with no kernel.
+
+- :func:`kv_cache_figure`: KV-cache GiB against context length per model, and the multi-head
+  equivalent of each grouped-query model (claims 25, 26).
+- :func:`roofline_figure`: attainable FLOP/s against arithmetic intensity for this machine (measured)
+  and published GPUs, with the intensities of decode and prefill marked (claim 25).
+- :func:`decode_speed_figure`: tokens per second with and without the cache against context length.
+
+Source: chapter 11.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from ..inference.costs import PUBLISHED_ACCELERATORS, Accelerator, KVCacheRow, RooflineMeasurement
+from ..inference.decode_timing import DecodeTiming
+from . import describe
+
+__all__ = ["kv_cache_figure", "roofline_figure", "decode_speed_figure"]
+
+# Okabe-Ito colours: distinct for colour-blind readers; dashes tell the series apart in grayscale.
+_COLOURS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"]
+_DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"]
+
+
+def _layout(fig: go.Figure, title: str, x_title: str, y_title: str) -> None:
+    fig.update_layout(title=title, height=460, template="plotly_white", legend={"orientation": "h", "y": -0.25},
+                      hovermode="closest")
+    fig.update_xaxes(type="log", title_text=x_title)
+    fig.update_yaxes(type="log", title_text=y_title)
+
+
+def kv_cache_figure(rows: Sequence[KVCacheRow]) -> go.Figure:
+    """KV-cache size (GiB) against context length (tokens), log-log, one line per model.
+
+    For each row of :func:`selfattn.inference.costs.kv_cache_table` a solid line of ``row.gib``; for
+    a grouped-query model (``row.saving > 1``) also a dotted line of its multi-head equivalent
+    ``row.mha_gib`` in the same colour (same legend group). Hover gives bytes per token and the saving.
+
+    Raises: TypeError: a row that is not a KVCacheRow. ValueError: no rows. Source: chapter 11.
+    """
+    rows = list(rows)
+    if not rows:
+        raise ValueError("rows must hold at least one KVCacheRow; got none")
+    fig = go.Figure()
+    for i, row in enumerate(rows):
+        if not isinstance(row, KVCacheRow):
+            raise TypeError(f"rows[{i}] must be a KVCacheRow (from kv_cache_table); got {type(row).__name__}")
+        colour = _COLOURS[i % len(_COLOURS)]
+        hover = (f"{row.name}<br>%{{x:,}} tokens: %{{y:.3g}} GiB<br>{row.bytes_per_token:,} bytes/token "
+                 f"({row.n_layers} layers x {row.n_kv_heads} kv heads x d_head {row.d_head})<extra></extra>")
+        fig.add_trace(go.Scatter(x=list(row.context_lengths), y=list(row.gib), mode="lines+markers", name=row.name,
+                                 legendgroup=row.name, line={"color": colour, "dash": "solid"}, hovertemplate=hover))
+        if row.saving > 1:
+            mha_hover = (f"{row.name} with multi-head attention ({row.n_heads} kv heads)<br>%{{x:,}} tokens: "
+                         f"%{{y:.3g}} GiB<br>{row.mha_bytes_per_token:,} bytes/token, {row.saving:g}x the "
+                         "grouped-query cache<extra></extra>")
+            fig.add_trace(go.Scatter(x=list(row.context_lengths), y=list(row.mha_gib), mode="lines+markers",
+                                     name=f"{row.name}, MHA equivalent", legendgroup=row.name,
+                                     line={"color": colour, "dash": "dot"}, marker={"symbol": "circle-open"},
+                                     hovertemplate=mha_hover))
+    _layout(fig, "KV-cache size against context length (one sequence)", "context length (tokens, log scale)",
+            "KV cache (GiB, log scale)")
+    gqa = [r for r in rows if r.saving > 1]
+    text = (f"Log-log lines of KV-cache size in GiB against context length for {', '.join(r.name for r in rows)}. "
+            "The cache grows linearly with the context.")
+    if gqa:
+        text += (" Dotted lines: the same model with multi-head attention, larger by n_heads / n_kv_heads ("
+                 + ", ".join(f"{r.name} {r.saving:g}x" for r in gqa) + ").")
+    return describe(fig, text)
+
+
+def roofline_figure(measurement: RooflineMeasurement, published: Iterable[Accelerator] | None = None, *,
+                    intensities: Mapping[str, float] | None = None,
+                    intensity_range: tuple[float, float] = (0.1, 1e4)) -> go.Figure:
+    """The roofline: attainable GFLOP/s ``min(peak, intensity x bandwidth)`` against arithmetic
+    intensity (FLOPs per byte), log-log.
+
+    One line for this machine (``measurement``: measured float32 matmul rate and read bandwidth) and
+    one per published accelerator (default :data:`PUBLISHED_ACCELERATORS`, dense BF16); each line's
+    ridge point (its balance) is a point of the line. A marker shows what one decode step of attention
+    achieved here; vertical dashed lines mark ``intensities`` (label -> FLOPs/byte; default: the
+    measured decode attention), e.g. the cost model's decode and prefill.
+
+    Raises:
+        TypeError: ``measurement`` not a RooflineMeasurement. ValueError: a bad intensity range or a
+        non-positive intensity.
+
+    Source: Williams et al. 2009; chapter 11 (claim 25).
+    """
+    if not isinstance(measurement, RooflineMeasurement):
+        raise TypeError(f"measurement must be a RooflineMeasurement; got {type(measurement).__name__}")
+    lo, hi = intensity_range
+    if not (0 < lo < hi < np.inf):
+        raise ValueError(f"intensity_range must be (low, high) with 0 < low < high; got {intensity_range!r}")
+    accelerators = list(PUBLISHED_ACCELERATORS.values() if published is None else published)
+    marks = dict({"decode attention, measured here": measurement.decode_intensity} if intensities is None
+                 else intensities)
+    for label, value in marks.items():
+        if not (np.isfinite(value) and value > 0):
+            raise ValueError(f"intensities[{label!r}] must be a finite number > 0 (FLOPs per byte); got {value!r}")
+    grid = np.geomspace(lo, hi, 121)
+    here = Accelerator(f"this machine ({measurement.threads} threads, float32, measured)",
+                       measurement.matmul_flops_per_s, measurement.bandwidth_bytes_per_s, "float32", "measured")
+    fig = go.Figure()
+    for i, acc in enumerate([here, *accelerators]):
+        # the ridge point in the grid, so the corner is drawn exactly
+        x = np.unique(np.append(grid, acc.balance) if lo <= acc.balance <= hi else grid)
+        y = [acc.attainable(v) / 1e9 for v in x]
+        fig.add_trace(go.Scatter(
+            x=x.tolist(), y=y, mode="lines", name=f"{acc.name} (balance {acc.balance:.3g} FLOP/byte)",
+            line={"color": _COLOURS[i % len(_COLOURS)], "dash": _DASHES[i % len(_DASHES)]},
+            hovertemplate=f"{acc.name}<br>%{{x:.3g}} FLOP/byte: %{{y:.4g}} GFLOP/s<extra></extra>"))
+    fig.add_trace(go.Scatter(
+        x=[measurement.decode_intensity], y=[measurement.decode_flops_per_s / 1e9], mode="markers",
+        name="decode attention achieved here", marker={"symbol": "x", "size": 12, "color": "black"},
+        hovertemplate=(f"one decode step of attention (H, S, d_head = {measurement.decode_shape})<br>"
+                       "%{x:.2f} FLOP/byte: %{y:.3g} GFLOP/s achieved<extra></extra>")))
+    for label, value in marks.items():
+        # on a log axis a shape takes data values but an annotation takes log10 of them (plotly.js #6194)
+        fig.add_vline(x=float(value), line={"dash": "dash", "color": "#999999", "width": 1})
+        fig.add_annotation(x=float(np.log10(value)), y=1.0, yref="paper", text=label, showarrow=False,
+                           textangle=-90, xanchor="right", yanchor="top", yshift=-4, font={"size": 11})
+    _layout(fig, "Roofline: attainable FLOP/s against arithmetic intensity", "arithmetic intensity (FLOP/byte, log scale)",
+            "attainable (GFLOP/s, log scale)")
+    return describe(fig, (
+        f"Roofline, log-log: attainable GFLOP/s against FLOPs per byte for this machine (measured: "
+        f"{measurement.matmul_flops_per_s / 1e9:.0f} GFLOP/s, {measurement.bandwidth_bytes_per_s / 1e9:.0f} GB/s, "
+        f"balance {measurement.balance:.2g}) and {', '.join(a.name for a in accelerators) or 'no published GPU'}. "
+        "Left of a line's corner the memory limits it, right of it the arithmetic. Dashed verticals: "
+        + "; ".join(f"{k} at {v:.3g} FLOP/byte" for k, v in marks.items())
+        + f". The cross: decode attention here reached {measurement.decode_flops_per_s / 1e9:.2g} GFLOP/s."))
+
+
+def decode_speed_figure(result: DecodeTiming) -> go.Figure:
+    """Tokens per second against context length, with and without the KV cache (log-log).
+
+    One line per mode measured in ``result`` (:func:`selfattn.inference.decode_timing.time_decode`);
+    hover gives ms per token and, when both were measured, the cached / uncached ratio.
+
+    Raises: TypeError: not a DecodeTiming. Source: chapter 11.
+    """
+    if not isinstance(result, DecodeTiming):
+        raise TypeError(f"result must be a DecodeTiming (from time_decode); got {type(result).__name__}")
+    fig = go.Figure()
+    speedup = result.speedup
+    for i, mode in enumerate(m for m in (True, False) if m in result.seconds_per_token):
+        label = "with the KV cache" if mode else "without the cache (whole sequence recomputed)"
+        tps = result.tokens_per_second[mode]
+        custom = [[1e3 * s, speedup[k] if speedup else float("nan")]
+                  for k, s in enumerate(result.seconds_per_token[mode])]
+        ratio = "<br>cached / uncached: %{customdata[1]:.2f}x" if speedup else ""
+        fig.add_trace(go.Scatter(
+            x=list(result.context_lengths), y=tps, customdata=custom, mode="lines+markers", name=label,
+            line={"color": _COLOURS[i], "dash": _DASHES[i]},
+            hovertemplate=f"{label}<br>context %{{x}}: %{{y:.1f}} tokens/s, %{{customdata[0]:.2f}} ms/token"
+                          f"{ratio}<extra></extra>"))
+    _layout(fig, "Decoding speed against context length", "context length (tokens, log scale)",
+            "generated tokens per second (log scale)")
+    text = (f"Log-log lines of generated tokens per second against context length ({result.n_new} timed tokens per "
+            f"run, median of {result.repeats}, {result.threads} threads)")
+    if speedup:
+        text += (f"; with the cache the model is {speedup[0]:.2g}x as fast at context {result.context_lengths[0]} and "
+                 f"{speedup[-1]:.2g}x at {result.context_lengths[-1]}")
+    return describe(fig, text + ".")

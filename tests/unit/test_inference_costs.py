@@ -1,0 +1,358 @@
+"""selfattn.inference.costs and decode_timing: every formula against numbers worked out by hand, the
+published sizes against their sources, cache bytes against real cache tensors (claims 25, 26).
+
+No assertion here depends on timing: measurements are checked for structure, units and finiteness.
+"""
+
+import json
+import math
+
+import pytest
+import torch
+
+from selfattn.efficient import KVCache
+from selfattn.gqa import GQAConfig, GroupedQueryAttention
+from selfattn.inference.costs import (
+    GIB,
+    PUBLISHED_ACCELERATORS,
+    PUBLISHED_SPECS,
+    ModelSpec,
+    RooflineMeasurement,
+    decode_step_cost,
+    kv_cache_bytes,
+    kv_cache_table,
+    measure_decode_attention,
+    measure_matmul_rate,
+    measure_memory_bandwidth,
+    measure_roofline,
+    memory_bound_verdict,
+    prefill_cost,
+    weight_params_per_layer,
+)
+from selfattn.inference.decode_timing import (
+    CAPSTONE_SIZES,
+    DecodeTiming,
+    capstone_sized_gpt,
+    time_decode,
+)
+from selfattn.models.gpt import GPT, GPTConfig
+
+# A small spec whose costs are worked out by hand below: L=2, H=4, Hkv=2, D=16, Dh=4, V=10, F=4D=64.
+SMALL = ModelSpec("small", n_layers=2, n_heads=4, n_kv_heads=2, d_model=16, d_head=4, vocab_size=10, source="test")
+# weights per layer: W_Q, W_O 16x16 each (2 * 16*4*4 = 512), W_K, W_V 16x8 each (2 * 16*2*4 = 256),
+# feed-forward 2 matrices 16x64 (2048): 2816. All weights: 2 * 2816 + read-out 16 * 10 = 5792.
+SMALL_WEIGHTS = 5792
+# bytes per token in bfloat16: 2 (K and V) * 2 layers * 2 kv heads * 4 * 2 bytes = 64
+SMALL_BYTES_PER_TOKEN = 64
+
+
+def test_small_spec_weights_and_cache_bytes_by_hand():
+    assert weight_params_per_layer(SMALL) == 2816
+    assert SMALL.d_ff == 64 and SMALL.group_size == 2
+    assert kv_cache_bytes(SMALL, 1) == SMALL_BYTES_PER_TOKEN
+    assert kv_cache_bytes(SMALL, 10, batch=3) == 30 * 64
+    assert kv_cache_bytes(SMALL, 10, bytes_per_number=4) == 10 * 128
+    assert kv_cache_bytes(SMALL, 3, bytes_per_number=0.5) == 3 * 16  # a 4-bit cache
+
+
+def test_decode_step_cost_by_hand():
+    c = decode_step_cost(SMALL, 5)
+    assert c.n_tokens == 1
+    assert c.flops_weights == 2 * 5792 == 11584
+    assert c.flops_scores == 2 * 2 * 4 * 4 * 5 == 320  # 2 FLOPs x L x H x Dh x S
+    assert c.flops_context == 320
+    assert c.flops == 12224
+    assert c.bytes_weights == 11584  # 5792 numbers x 2 bytes, once per step
+    assert c.bytes_kv_read == 5 * 64 and c.bytes_kv_written == 64
+    assert c.bytes == 11584 + 320 + 64 == 11968
+    assert c.intensity == 12224 / 11968
+
+
+def test_decode_step_cost_batch_shares_the_weights():
+    c = decode_step_cost(SMALL, 5, batch=3, bytes_per_number=4)
+    assert c.n_tokens == 3
+    assert c.flops_weights == 3 * 11584 and c.flops_scores == 3 * 320 and c.flops_context == 3 * 320
+    assert c.bytes_weights == 5792 * 4  # still once, however many sequences
+    assert c.bytes_kv_read == 3 * 5 * 128 and c.bytes_kv_written == 3 * 128
+
+
+def test_prefill_cost_by_hand():
+    c = prefill_cost(SMALL, 4)
+    assert c.n_tokens == 4
+    assert c.flops_weights == 2 * 5792 * 4 == 46336
+    assert c.flops_scores == c.flops_context == 2 * 2 * 4 * 4 * 10 == 640  # 10 = 4*5/2 visible pairs
+    assert c.bytes_weights == 11584 and c.bytes_kv_read == c.bytes_kv_written == 4 * 64
+    assert prefill_cost(SMALL, 4, batch=2).flops == 2 * c.flops
+
+
+def test_gpt2_weights_are_twelve_d_model_squared():
+    spec = PUBLISHED_SPECS["GPT-2 small"]
+    assert weight_params_per_layer(spec) == 12 * 768**2
+
+
+def test_llama3_8b_weights_plus_embedding_and_norms_give_its_parameter_count():
+    # Meta-Llama-3-8B has 8,030,261,248 parameters; norms (2 per layer and a final one, width 4096)
+    # and the input embedding (128256 x 4096) are what the cost model leaves out of N_w
+    spec = PUBLISHED_SPECS["Llama 3 8B"]
+    n_w = spec.n_layers * weight_params_per_layer(spec) + spec.d_model * spec.vocab_size
+    assert n_w + 128256 * 4096 + (2 * 32 + 1) * 4096 == 8_030_261_248
+
+
+def test_decode_intensity_is_about_one_flop_per_byte_in_bfloat16_and_prefill_far_more():
+    for spec in PUBLISHED_SPECS.values():
+        d = decode_step_cost(spec, 4096)
+        assert 0.9 < d.intensity < 1.2, (spec.name, d.intensity)
+        assert prefill_cost(spec, 4096).intensity > 1000
+
+
+def test_published_cache_sizes_by_hand():
+    rows = {r.name: r for r in kv_cache_table()}
+    llama8 = rows["Llama 3 8B"]
+    assert llama8.bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131072
+    assert llama8.mha_bytes_per_token == 4 * 131072 and llama8.saving == 4.0
+    assert llama8.context_lengths == (4096, 32768, 131072)
+    assert llama8.gib == (0.5, 4.0, 16.0) and llama8.mha_gib == (2.0, 16.0, 64.0)
+    llama70 = rows["Llama 3 70B"]
+    assert llama70.bytes_per_token == 2 * 80 * 8 * 128 * 2 == 327680 and llama70.saving == 8.0
+    assert llama70.gib[-1] == 40.0 and llama70.mha_gib[-1] == 320.0
+    assert rows["Mistral 7B"].bytes_per_token == 131072
+    assert rows["GPT-2 small"].bytes_per_token == 2 * 12 * 12 * 64 * 2 == 36864
+    assert rows["GPT-2 XL"].bytes_per_token == 2 * 48 * 25 * 64 * 2 == 307200
+    assert rows["GPT-2 XL"].saving == 1.0
+    flat = llama8.as_dict()
+    assert flat["GiB @ 128k"] == 16.0 and flat["MHA GiB @ 4k"] == 2.0 and flat["GQA saving"] == 4.0
+
+
+def test_kv_cache_table_batch_and_custom_lengths():
+    (row,) = kv_cache_table([SMALL], [1000, 2048], batch=2, bytes_per_number=4)
+    assert row.gib == (2 * 1000 * 128 / GIB, 2 * 2048 * 128 / GIB)
+    assert row.mha_gib == (2 * 1000 * 256 / GIB, 2 * 2048 * 256 / GIB)
+    assert list(row.as_dict())[-2:] == ["GiB @ 2k", "MHA GiB @ 2k"] and "GiB @ 1000" in row.as_dict()
+
+
+def test_published_specs_numbers_and_sources():
+    expected = {  # (layers, heads, kv heads, d_model, d_head)
+        "all-MiniLM-L6-v2": (6, 12, 12, 384, 32), "GPT-2 small": (12, 12, 12, 768, 64),
+        "GPT-2 XL": (48, 25, 25, 1600, 64), "Llama 3 8B": (32, 32, 8, 4096, 128),
+        "Llama 3 70B": (80, 64, 8, 8192, 128), "Mistral 7B": (32, 32, 8, 4096, 128),
+    }
+    assert set(PUBLISHED_SPECS) == set(expected)
+    for name, sizes in expected.items():
+        s = PUBLISHED_SPECS[name]
+        assert (s.n_layers, s.n_heads, s.n_kv_heads, s.d_model, s.d_head) == sizes
+        assert s.n_heads * s.d_head == s.d_model and s.source
+    assert "Table 3" in PUBLISHED_SPECS["Llama 3 8B"].source and "Table 1" in PUBLISHED_SPECS["Mistral 7B"].source
+
+
+def test_minilm_spec_matches_the_installed_config_json():
+    from selfattn.pretrained import model_dir
+
+    cfg = json.loads((model_dir() / "config.json").read_text())
+    s = PUBLISHED_SPECS["all-MiniLM-L6-v2"]
+    assert s.n_layers == cfg["num_hidden_layers"] == 6
+    assert s.n_heads == s.n_kv_heads == cfg["num_attention_heads"] == 12
+    assert s.d_model == cfg["hidden_size"] == 384
+    assert s.d_head == cfg["hidden_size"] // cfg["num_attention_heads"] == 32
+    assert s.vocab_size == cfg["vocab_size"] and s.d_ff == cfg["intermediate_size"]
+
+
+def _cache_bytes_of_gpt(n_layers, n_heads, d_model, d_ff, n_tokens):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=16, block_size=8, d_model=d_model, n_heads=n_heads, n_layers=n_layers,
+                          d_ff=d_ff)).eval()
+    caches = [KVCache() for _ in model.blocks]
+    with torch.no_grad():
+        logits = model.forward_cached(torch.arange(n_tokens)[None] % 16, caches)
+    assert torch.isfinite(logits).all()
+    return sum(c.k.numel() * c.k.element_size() + c.v.numel() * c.v.element_size() for c in caches)
+
+
+@pytest.mark.parametrize("name", ["all-MiniLM-L6-v2", "GPT-2 small"])
+def test_bytes_per_token_equal_the_real_cache_tensors(name):
+    spec = PUBLISHED_SPECS[name]
+    got = _cache_bytes_of_gpt(spec.n_layers, spec.n_heads, spec.d_model, spec.d_ff, n_tokens=5)
+    assert got == kv_cache_bytes(spec, 5, bytes_per_number=4)  # float32 tensors: 4 bytes per number
+
+
+def test_gqa_bytes_per_token_equal_the_projected_keys_and_values():
+    # Llama 3 70B's layer and head counts at a scaled-down width (d_head 8): one layer's cache, times 80
+    llama = PUBLISHED_SPECS["Llama 3 70B"]
+    spec = ModelSpec("scaled", llama.n_layers, llama.n_heads, llama.n_kv_heads, 64 * 8, 8, 16, source="test")
+    layer = GroupedQueryAttention(GQAConfig(spec.d_model, spec.n_heads, spec.n_kv_heads),
+                                  generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        K, V = layer.project_kv(torch.randn(2, 7, spec.d_model))  # B=2, 7 tokens
+    assert K.shape == V.shape == (2, 8, 7, 8)
+    per_layer = K.numel() * K.element_size() + V.numel() * V.element_size()
+    assert spec.n_layers * per_layer == kv_cache_bytes(spec, 7, batch=2, bytes_per_number=4)
+    assert kv_cache_bytes(spec, 7) * spec.group_size == kv_cache_bytes(
+        ModelSpec("mha", 80, 64, 64, 512, 8, 16, source="test"), 7)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"n_heads": 0}, ValueError, "n_heads must be > 0; got 0"),
+        ({"n_layers": 2.0}, TypeError, "n_layers must be a positive int; got 2.0"),
+        ({"n_kv_heads": 3}, ValueError, "n_heads=4 must be divisible by n_kv_heads=3"),
+        ({"d_head": -1}, ValueError, "d_head must be > 0; got -1"),
+        ({"ffn_matrices": 4}, ValueError, "ffn_matrices must be 2"),
+        ({"d_ff": 0}, ValueError, "d_ff must be > 0; got 0"),
+        ({"source": ""}, TypeError, "source must be a non-empty string"),
+        ({"name": None}, TypeError, "name must be a non-empty string; got None"),
+    ],
+)
+def test_model_spec_rejects_bad_sizes_naming_the_argument(kwargs, error, message):
+    args = dict(name="x", n_layers=2, n_heads=4, n_kv_heads=2, d_model=16, d_head=4, vocab_size=10, source="s")
+    with pytest.raises(error, match=message):
+        ModelSpec(**{**args, **kwargs})
+
+
+def test_model_spec_is_frozen():
+    with pytest.raises(AttributeError):
+        SMALL.n_layers = 3
+
+
+def test_cost_functions_reject_bad_arguments_naming_them():
+    with pytest.raises(ValueError, match="n_tokens must be > 0; got 0"):
+        kv_cache_bytes(SMALL, 0)
+    with pytest.raises(ValueError, match="batch must be > 0; got -2"):
+        kv_cache_bytes(SMALL, 4, batch=-2)
+    with pytest.raises(TypeError, match="bytes_per_number must be a number > 0"):
+        decode_step_cost(SMALL, 4, bytes_per_number="2")
+    with pytest.raises(ValueError, match="bytes_per_number must be a finite number > 0"):
+        prefill_cost(SMALL, 4, bytes_per_number=math.nan)
+    with pytest.raises(ValueError, match="context_len must be > 0; got 0"):
+        decode_step_cost(SMALL, 0)
+    with pytest.raises(TypeError, match="spec must be a ModelSpec; got dict"):
+        decode_step_cost({}, 4)
+    with pytest.raises(ValueError, match="context_lengths must hold at least one"):
+        kv_cache_table([SMALL], [])
+    with pytest.raises(ValueError, match=r"context_lengths\[i\] must be > 0"):
+        kv_cache_table([SMALL], [4, 0])
+    with pytest.raises(ValueError, match="whole number of bytes"):
+        decode_step_cost(ModelSpec("odd", 1, 1, 1, 1, 1, 1, source="s", d_ff=1), 1, bytes_per_number=0.5)
+
+
+def test_published_accelerators_and_their_balance():
+    h100, a100, h200 = (PUBLISHED_ACCELERATORS[n] for n in ("H100 SXM", "A100 80GB SXM", "H200 SXM"))
+    assert (h100.flops_per_s, h100.bytes_per_s) == (989e12, 3.35e12)
+    assert (a100.flops_per_s, a100.bytes_per_s) == (312e12, 2.039e12)
+    assert (h200.flops_per_s, h200.bytes_per_s) == (989e12, 4.8e12)
+    assert h100.balance == 989e12 / 3.35e12 and 295 < h100.balance < 296
+    assert all("datasheet" in a.source for a in (h100, a100, h200))
+    assert h100.attainable(1.0) == 3.35e12 and h100.attainable(1e4) == 989e12
+
+
+def _finite_positive(*xs):
+    return all(isinstance(x, float) and math.isfinite(x) and x > 0 for x in xs)
+
+
+def test_measurements_have_the_right_structure_and_units():
+    # tiny sizes: this checks what is returned, not how fast anything is
+    assert _finite_positive(measure_matmul_rate(32, repeats=2))
+    assert _finite_positive(measure_memory_bandwidth(4096, repeats=2))
+    flops, nbytes = measure_decode_attention(2, 64, 8, repeats=2)
+    assert _finite_positive(flops, nbytes)
+    # FLOPs per byte of one float32 decode step: 4 H Dh S / (2 H S Dh x 4) = 0.5, whatever the speed
+    assert flops / nbytes == pytest.approx(0.5, rel=1e-12)
+    m = measure_roofline(matmul_n=32, bandwidth_bytes=4096, n_heads=2, context_len=64, d_head=8, repeats=2)
+    assert _finite_positive(m.matmul_flops_per_s, m.bandwidth_bytes_per_s, m.decode_flops_per_s,
+                            m.decode_bytes_per_s, m.balance)
+    assert m.decode_intensity == 0.5 and m.decode_shape == (2, 64, 8) and m.bandwidth_bytes == 4096
+    assert set(m.seconds) == {"matmul", "bandwidth", "decode"} and _finite_positive(*m.seconds.values())
+    assert m.decode_flops_per_s / m.decode_bytes_per_s == pytest.approx(0.5, rel=1e-12)
+    assert m.threads == torch.get_num_threads() and m.repeats == 2 and m.device == "cpu"
+    assert m.balance == m.matmul_flops_per_s / m.bandwidth_bytes_per_s
+    v = memory_bound_verdict(m)
+    assert isinstance(v.memory_bound, bool) and v.statement and math.isfinite(v.flops_fraction)
+
+
+def test_measurements_reject_bad_sizes():
+    with pytest.raises(ValueError, match="repeats must be > 0; got 0"):
+        measure_matmul_rate(8, repeats=0)
+    with pytest.raises(ValueError, match="n_bytes must hold at least one float32"):
+        measure_memory_bandwidth(3)
+    with pytest.raises(TypeError, match="context_len must be a positive int"):
+        measure_decode_attention(2, 6.5, 8)
+    with pytest.raises(TypeError, match="measurement must be a RooflineMeasurement"):
+        memory_bound_verdict(None)
+
+
+def _measurement(matmul, bandwidth, decode_flops, intensity=0.5):
+    return RooflineMeasurement(matmul, bandwidth, decode_flops, decode_flops / intensity, intensity,
+                               matmul_n=1, bandwidth_bytes=4, decode_shape=(1, 1, 1))
+
+
+def test_verdict_needs_both_margins():
+    # balance 100e9 / 20e9 = 5 FLOP/byte; balance / 3 = 1.67 > 0.5; 5e9 < 0.25 * 100e9
+    v = memory_bound_verdict(_measurement(100e9, 20e9, 5e9))
+    assert v.memory_bound and v.balance == 5.0 and v.flops_fraction == 0.05 and "memory-bound" in v.statement
+    # achieved FLOP/s at 30% of the matmul rate: not below a quarter
+    assert not memory_bound_verdict(_measurement(100e9, 20e9, 30e9)).memory_bound
+    # balance 1.2: intensity 0.5 is not 3x below it
+    assert not memory_bound_verdict(_measurement(24e9, 20e9, 1e9)).memory_bound
+
+
+# ---- decode_timing --------------------------------------------------------------------------------
+
+
+def test_capstone_sized_gpt_has_the_capstone_sizes():
+    model = capstone_sized_gpt()
+    c = model.config
+    assert (c.vocab_size, c.d_model, c.n_heads, c.n_layers, c.d_ff, c.positions) == (94, 64, 4, 2, 256, "rope")
+    assert CAPSTONE_SIZES["block_size"] == 64 and not model.training
+
+
+def test_spec_from_gpt_config_counts_the_models_weight_matrices():
+    model = capstone_sized_gpt()
+    spec = ModelSpec.from_gpt_config(model.config)
+    assert (spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_model, spec.d_head) == (2, 4, 4, 64, 16)
+    # every 2-D weight of the blocks and the read-out, i.e. N_w of the cost model (biases, norms, the
+    # input embedding excluded)
+    matrices = sum(p.numel() for n, p in model.named_parameters()
+                   if p.ndim == 2 and not n.startswith("token_embedding"))
+    assert matrices == spec.n_layers * weight_params_per_layer(spec) + 64 * 94
+    assert decode_step_cost(spec, 1).flops_weights == 2 * matrices
+
+
+def test_time_decode_structure_and_tokens_equal_generate():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, d_model=16, n_heads=2, n_layers=1, d_ff=32)).train()
+    result = time_decode(model, [3, 9], n_new=3, repeats=2, batch=2, num_threads=1)
+    assert isinstance(result, DecodeTiming) and model.training  # mode restored
+    assert result.context_lengths == [3, 9] and result.n_new == 3 and result.batch == 2 and result.threads == 1
+    for mode in (True, False):
+        assert len(result.seconds_per_token[mode]) == 2
+        assert _finite_positive(*result.seconds_per_token[mode], *result.tokens_per_second[mode])
+    assert result.tokens_per_second[True][0] == 2 / result.seconds_per_token[True][0]  # tokens/s of the batch
+    assert _finite_positive(*result.speedup)
+    assert result.speedup[1] == result.seconds_per_token[False][1] / result.seconds_per_token[True][1]
+    # the timed loop decodes exactly what GPT.generate does (greedy), with and without the cache
+    prompt = result.tokens[True][:, :9]
+    assert torch.equal(result.tokens[True], model.generate(prompt, 4, greedy=True, use_cache=True))
+    assert torch.equal(result.tokens[False], model.generate(prompt, 3, greedy=True, use_cache=False))
+    only = time_decode(model, [2], use_cache=True, n_new=1, repeats=1)
+    assert set(only.seconds_per_token) == {True} and only.speedup is None
+
+
+def test_time_decode_restores_the_thread_count():
+    before = torch.get_num_threads()
+    model = capstone_sized_gpt(n_layers=1)
+    time_decode(model, [4], n_new=1, repeats=1, num_threads=1)
+    assert torch.get_num_threads() == before
+
+
+def test_time_decode_rejects_bad_arguments():
+    model = capstone_sized_gpt(n_layers=1)
+    with pytest.raises(TypeError, match="model must be a selfattn.models.gpt.GPT"):
+        time_decode(torch.nn.Linear(2, 2), [4])
+    with pytest.raises(ValueError, match="context_lengths must hold at least one"):
+        time_decode(model, [])
+    with pytest.raises(TypeError, match="use_cache must be True or False"):
+        time_decode(model, [4], use_cache="yes")
+    with pytest.raises(ValueError, match="n_new must be > 0"):
+        time_decode(model, [4], n_new=0)
+    learned = GPT(GPTConfig(vocab_size=8, block_size=8, d_model=16, n_heads=2, positions="learned"))
+    with pytest.raises(ValueError, match="exceeds the learned position table of 8 rows"):
+        time_decode(learned, [6], n_new=2)

@@ -1,0 +1,101 @@
+"""Figure builders of chapter 11: the traces hold the inputs, the axes say their units."""
+
+import math
+
+import numpy as np
+import pytest
+
+from selfattn.inference.costs import (
+    PUBLISHED_ACCELERATORS,
+    PUBLISHED_SPECS,
+    Accelerator,
+    RooflineMeasurement,
+    kv_cache_table,
+)
+from selfattn.inference.decode_timing import DecodeTiming
+from selfattn.viz import figure_description
+from selfattn.viz.inference import decode_speed_figure, kv_cache_figure, roofline_figure
+
+
+def _measurement():
+    # 100 GFLOP/s, 20 GB/s: balance 5 FLOP/byte; decode reached 2 GFLOP/s at 0.5 FLOP/byte
+    return RooflineMeasurement(100e9, 20e9, 2e9, 4e9, 0.5, matmul_n=8, bandwidth_bytes=4, decode_shape=(8, 64, 64),
+                               threads=2)
+
+
+def test_kv_cache_figure_traces_hold_the_table():
+    rows = kv_cache_table([PUBLISHED_SPECS["GPT-2 small"], PUBLISHED_SPECS["Llama 3 8B"]])
+    fig = kv_cache_figure(rows)
+    # GPT-2 (MHA): one line; Llama 3 8B (GQA): its line and the dotted MHA equivalent
+    assert [t.name for t in fig.data] == ["GPT-2 small", "Llama 3 8B", "Llama 3 8B, MHA equivalent"]
+    assert list(fig.data[1].x) == [4096, 32768, 131072] and list(fig.data[1].y) == [0.5, 4.0, 16.0]
+    assert list(fig.data[2].y) == [2.0, 16.0, 64.0] and fig.data[2].line.dash == "dot"
+    assert list(fig.data[0].y) == list(rows[0].gib)
+    assert fig.data[1].line.color == fig.data[2].line.color and fig.data[2].legendgroup == "Llama 3 8B"
+    assert "131,072 bytes/token" in fig.data[1].hovertemplate
+    assert fig.layout.xaxis.type == fig.layout.yaxis.type == "log"
+    assert fig.layout.xaxis.title.text == "context length (tokens, log scale)"
+    assert fig.layout.yaxis.title.text == "KV cache (GiB, log scale)"
+    assert "Llama 3 8B 4x" in figure_description(fig)
+
+
+def test_kv_cache_figure_rejects_bad_rows():
+    with pytest.raises(ValueError, match="at least one KVCacheRow"):
+        kv_cache_figure([])
+    with pytest.raises(TypeError, match=r"rows\[0\] must be a KVCacheRow"):
+        kv_cache_figure([{"gib": 1}])
+
+
+def test_roofline_figure_lines_are_min_of_peak_and_bandwidth():
+    m = _measurement()
+    fig = roofline_figure(m, intensities={"decode": 1.0, "prefill": 2000.0})
+    accs = list(PUBLISHED_ACCELERATORS.values())
+    assert len(fig.data) == 1 + len(accs) + 1  # this machine, each GPU, the achieved point
+    here = fig.data[0]
+    x, y = np.array(here.x), np.array(here.y)
+    np.testing.assert_allclose(y, np.minimum(100.0, x * 20.0), rtol=1e-12)  # GFLOP/s
+    assert 5.0 in list(x) and "balance 5 FLOP/byte" in here.name  # the ridge point is drawn exactly
+    for trace, acc in zip(fig.data[1:-1], accs, strict=True):
+        assert trace.name.startswith(acc.name)
+        np.testing.assert_allclose(trace.y, np.minimum(acc.flops_per_s, np.array(trace.x) * acc.bytes_per_s) / 1e9,
+                                   rtol=1e-12)
+        assert acc.balance in list(trace.x)
+    point = fig.data[-1]
+    assert list(point.x) == [0.5] and list(point.y) == [2.0]
+    assert [s.x0 for s in fig.layout.shapes] == [1.0, 2000.0]
+    assert [a.text for a in fig.layout.annotations] == ["decode", "prefill"]
+    assert [a.x for a in fig.layout.annotations] == [0.0, math.log10(2000.0)]  # log axes: annotations in log10
+    assert fig.layout.xaxis.title.text == "arithmetic intensity (FLOP/byte, log scale)"
+    assert fig.layout.yaxis.title.text == "attainable (GFLOP/s, log scale)"
+    assert figure_description(fig)
+
+
+def test_roofline_figure_defaults_and_errors():
+    m = _measurement()
+    only = roofline_figure(m, published=[Accelerator("X", 1e12, 1e11, "bf16", "s")])
+    assert len(only.data) == 3 and [s.x0 for s in only.layout.shapes] == [0.5]
+    with pytest.raises(TypeError, match="measurement must be a RooflineMeasurement"):
+        roofline_figure({})
+    with pytest.raises(ValueError, match="intensities"):
+        roofline_figure(m, intensities={"bad": 0.0})
+    with pytest.raises(ValueError, match="intensity_range"):
+        roofline_figure(m, intensity_range=(10.0, 1.0))
+
+
+def test_decode_speed_figure_traces_hold_the_timings():
+    result = DecodeTiming([64, 256], {True: [0.002, 0.0025], False: [0.004, 0.02]}, n_new=4, repeats=3, batch=1,
+                          threads=2)
+    fig = decode_speed_figure(result)
+    assert len(fig.data) == 2
+    cached, uncached = fig.data
+    assert list(cached.x) == [64, 256] and list(cached.y) == [500.0, 400.0]
+    assert list(uncached.y) == [250.0, 50.0]
+    assert [c[1] for c in cached.customdata] == [2.0, 8.0]  # the cached / uncached ratio, on hover
+    assert [c[0] for c in uncached.customdata] == [4.0, 20.0]  # ms per token
+    assert fig.layout.xaxis.title.text == "context length (tokens, log scale)"
+    assert fig.layout.yaxis.title.text == "generated tokens per second (log scale)"
+    assert "8x at 256" in figure_description(fig)
+    one = decode_speed_figure(DecodeTiming([8], {True: [0.01]}, n_new=1, repeats=1, batch=1, threads=1))
+    assert len(one.data) == 1 and "cached / uncached" not in one.data[0].hovertemplate
+    with pytest.raises(TypeError, match="result must be a DecodeTiming"):
+        decode_speed_figure([1, 2])
