@@ -284,14 +284,16 @@ def _measurement(matmul, bandwidth, decode_flops, intensity=0.5):
                                matmul_n=1, bandwidth_bytes=4, decode_shape=(1, 1, 1))
 
 
-def test_verdict_needs_both_margins():
-    # balance 100e9 / 20e9 = 5 FLOP/byte; balance / 3 = 1.67 > 0.5; 5e9 < 0.25 * 100e9
+def test_verdict_needs_both_conditions():
+    # balance 100e9 / 20e9 = 5 FLOP/byte > 0.5; 5e9 < 0.25 * 100e9
     v = memory_bound_verdict(_measurement(100e9, 20e9, 5e9))
     assert v.memory_bound and v.balance == 5.0 and v.flops_fraction == 0.05 and "memory-bound" in v.statement
     # achieved FLOP/s at 30% of the matmul rate: not below a quarter
     assert not memory_bound_verdict(_measurement(100e9, 20e9, 30e9)).memory_bound
-    # balance 1.2: intensity 0.5 is not 3x below it
-    assert not memory_bound_verdict(_measurement(24e9, 20e9, 1e9)).memory_bound
+    # balance 0.4 FLOP/byte: an intensity of 0.5 is above it, compute-bound by the roofline
+    assert not memory_bound_verdict(_measurement(8e9, 20e9, 1e9)).memory_bound
+    # balance 1.2: intensity 0.5 is below it
+    assert memory_bound_verdict(_measurement(24e9, 20e9, 1e9)).memory_bound
 
 
 # ---- decode_timing --------------------------------------------------------------------------------

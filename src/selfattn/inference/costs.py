@@ -644,19 +644,20 @@ class Verdict:
 
 
 FLOPS_MARGIN = 0.25  # decode must reach under a quarter of the matmul rate ...
-BALANCE_MARGIN = 3.0  # ... and its intensity must sit at least 3x below the machine's balance
+BALANCE_MARGIN = 1.0  # ... and its intensity must sit below the machine's balance (the roofline's definition)
 
 
 def memory_bound_verdict(measurement: RooflineMeasurement) -> Verdict:
-    """Is decode limited by memory traffic here? True when both hold, each with a wide margin:
+    """Is decode limited by memory traffic here? True when both hold:
 
-    - ``decode_flops_per_s < 0.25 x matmul_flops_per_s`` (arithmetic is at most a quarter busy), and
-    - ``decode_intensity < balance / 3`` (the roofline says memory bounds it, by a factor > 3).
+    - ``decode_flops_per_s < 0.25 x matmul_flops_per_s``: measured, the arithmetic units are at most a
+      quarter busy (on 2 CPU cores decode attention reaches 2-8 % of the matmul rate, quiet or loaded);
+    - ``decode_intensity < balance``: the roofline's definition of memory-bound (0.5 FLOP/byte in
+      float32 against a balance of 4.5-6.6 FLOP/byte measured on 2 cores, 1.9 at the worst under
+      heavy load with a smaller matmul).
 
-    The margins (:data:`FLOPS_MARGIN`, :data:`BALANCE_MARGIN`) are wide so that the verdict does
-    not flip with the load of a shared machine: on 2 CPU cores decode attention's intensity is 0.5
-    FLOP/byte and the balance several FLOPs per byte, and decode reaches a few percent of the matmul
-    rate.
+    The measured condition carries the margin (:data:`FLOPS_MARGIN`); :data:`BALANCE_MARGIN` is 1,
+    the definition, because a loaded machine lowers the measured balance.
 
     Raises: TypeError: not a RooflineMeasurement. Source: chapter 11 (claim 25).
     """
@@ -671,6 +672,6 @@ def memory_bound_verdict(measurement: RooflineMeasurement) -> Verdict:
         f"{m.matmul_flops_per_s / 1e9:.1f} GFLOP/s matmul rate) and {m.decode_bytes_per_s / 1e9:.1f} GB/s "
         f"({m.decode_bytes_per_s / m.bandwidth_bytes_per_s:.0%} of the measured {m.bandwidth_bytes_per_s / 1e9:.1f} "
         f"GB/s): {'memory-bound' if bound else 'NOT clearly memory-bound'} "
-        f"(margins: under {FLOPS_MARGIN:.0%} of the matmul rate, intensity under balance / {BALANCE_MARGIN:g})"
+        f"(criteria: under {FLOPS_MARGIN:.0%} of the matmul rate, intensity under the balance)"
     )
     return Verdict(bound, fraction, m.decode_intensity, m.balance, statement)
