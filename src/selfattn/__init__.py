@@ -18,7 +18,8 @@ chapter                                     modules
 08 positions                                ``positions``, ``ref.positions``, ``experiments.positions``
 09 parallel and quadratic                   ``efficient.variants``, ``efficient.memory``, ``experiments``
 10 FlashAttention                           ``efficient.tiled``, ``efficient.triton_kernel``, ``ref.online``
-11 inference                                ``inference``, ``gqa``, ``sampling``
+11 inference                                ``inference`` (``costs``, ``paged``, ``split_kv``, ``streaming``,
+                                           ``convert``, ``decode_timing``), ``gqa``, ``sampling``
 12 attention explanations                   ``interpret``
 13 capstone GPT                             ``models.gpt``, ``efficient.kv_cache``, ``checkpoint``
 ==========================================  ==========================================================
