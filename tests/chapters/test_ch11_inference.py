@@ -1,0 +1,149 @@
+"""Claims of chapter 11 (attention at inference), each checked against an independent oracle.
+
+Claim 25: the KV cache holds 2 x n_layers x n_kv_heads x d_head numbers per token; decoding reads all
+of it for every new token; on this machine decode is limited by memory traffic, not arithmetic.
+Claim 26: grouped-query attention equals multi-head attention when every query head has its own
+key/value head, and divides the cache by n_heads / n_kv_heads. Claim 27: a paged cache, and split-KV
+decoding merged in any order, give exactly the result of the contiguous cache and of full attention.
+Claim 28: what a sliding-window cache loses past the window, and what a few attention sinks change,
+measured on the chapter's model.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+import selfattn
+from selfattn import ref
+from selfattn.efficient import KVCache, cached_attention
+from selfattn.gqa import GQAConfig, GroupedQueryAttention
+from selfattn.inference import costs
+from selfattn.inference.paged import PagedKVCache, paged_attention
+from selfattn.inference.split_kv import chunk_boundaries, split_kv_attention
+from selfattn.models.gpt import GPT, GPTConfig
+
+
+def _max_diff(a, b) -> float:
+    d = (torch.as_tensor(a) - torch.as_tensor(b)).abs()
+    assert not torch.isnan(d).any(), "NaN in a comparison"
+    return float(d.max())
+
+
+@pytest.mark.parametrize("n_layers, n_heads, d_model", [(6, 12, 384), (2, 4, 32), (3, 2, 16)])
+def test_claim_25_the_cache_holds_two_numbers_per_layer_head_and_feature_per_token(n_layers, n_heads, d_model):
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(vocab_size=20, block_size=32, d_model=d_model, n_heads=n_heads, n_layers=n_layers,
+                        d_ff=2 * d_model)).eval()
+    caches = [KVCache() for _ in gpt.blocks]
+    B, T = 3, 5
+    with torch.no_grad():
+        gpt.forward_cached(torch.randint(0, 20, (B, T)), caches)
+        gpt.forward_cached(torch.randint(0, 20, (B, 1)), caches)
+    numbers = sum(c.k.numel() + c.v.numel() for c in caches)
+    d_head = d_model // n_heads
+    assert numbers == B * (T + 1) * 2 * n_layers * n_heads * d_head  # counted here, not by the package
+    assert costs.kv_cache_bytes(costs.ModelSpec.from_gpt_config(gpt.config), T + 1, batch=B, bytes_per_number=4) == 4 * numbers
+
+
+def test_claim_25_decoding_reads_every_cached_position():
+    """The new token's logits depend on the value cached at every earlier position, in every layer:
+    each has a nonzero gradient (a softmax weight is never zero), so none can be skipped."""
+    torch.manual_seed(1)
+    gpt = GPT(GPTConfig(vocab_size=30, block_size=128, d_model=32, n_heads=4, n_layers=2, d_ff=64)).double().eval()
+    caches = [KVCache() for _ in gpt.blocks]
+    with torch.no_grad():
+        gpt.forward_cached(torch.randint(0, 30, (1, 100)), caches)
+    leaves = []
+    for c in caches:
+        c.v = c.v.clone().requires_grad_(True)  # (1, H, 100, Dh): the cached values, as leaves
+        leaves.append(c.v)
+    logits = gpt.forward_cached(torch.randint(0, 30, (1, 1)), caches)  # appends: caches now hold 101 positions
+    logits[0, -1].square().sum().backward()
+    for layer, leaf in enumerate(leaves):
+        per_position = leaf.grad[0].abs().sum(dim=(0, 2))  # (100,): every head and feature of each position
+        assert per_position.shape == (100,) and bool((per_position > 0).all()), f"layer {layer}"
+
+
+def test_claim_25_decode_intensity_is_below_the_balance_of_gpus_and_of_this_machine():
+    # counted: one decoding sequence does about 1 FLOP per byte in bfloat16, every published model
+    for spec in costs.PUBLISHED_SPECS.values():
+        c = costs.decode_step_cost(spec, 4096)
+        assert 0.9 < c.intensity < 2.0, spec.name
+        for gpu in costs.PUBLISHED_ACCELERATORS.values():
+            assert c.intensity < gpu.balance / 50, (spec.name, gpu.name)
+        assert costs.prefill_cost(spec, 4096).intensity > 300  # prefill: above every published balance
+    # measured on this machine, side by side: decode attention reaches a small share of the matmul rate
+    verdict = costs.memory_bound_verdict(costs.measure_roofline())
+    assert verdict.memory_bound, verdict.statement
+
+
+def test_claim_26_gqa_equals_mha_when_every_query_head_has_its_own_kv_head():
+    torch.manual_seed(2)
+    mha = selfattn.MultiHeadAttention(selfattn.MHAConfig(24, 6)).double().eval()
+    with torch.no_grad():
+        for b in (mha.b_Q, mha.b_K, mha.b_V, mha.b_O):
+            b.normal_(0.0, 0.1)
+    gqa = GroupedQueryAttention.from_mha(mha, n_kv_heads=6).eval()
+    x = torch.randn(2, 11, 24, dtype=torch.float64)
+    for mask in (None, selfattn.causal_mask(11)):
+        with torch.no_grad():
+            assert _max_diff(gqa(x, mask=mask), mha(x, mask=mask)) <= 1e-12
+    # and on the real MiniLM: 12 key/value heads reproduce its sentence embeddings (float64)
+    from selfattn.inference.convert import gqa_conversion_sweep
+
+    row = gqa_conversion_sweep(n_kv_heads=(12,), dtype=torch.float64).rows[0]
+    assert abs(row.cosine_min - 1.0) <= 1e-12
+
+
+@pytest.mark.parametrize("n_kv_heads", [8, 4, 2, 1])
+def test_claim_26_gqa_divides_the_cache_by_n_heads_over_n_kv_heads(n_kv_heads):
+    layer = GroupedQueryAttention(GQAConfig(64, 8, n_kv_heads))
+    K, V = layer.project_kv(torch.randn(2, 10, 64))
+    mha_numbers = 2 * 2 * 10 * 64  # keys and values of 8 heads x 8 features = d_model, for B x S = 2 x 10
+    assert K.numel() + V.numel() == mha_numbers * n_kv_heads // 8
+    assert (K.numel() + V.numel()) * (8 // n_kv_heads) == mha_numbers
+
+
+def test_claim_27_a_paged_cache_gives_exactly_the_contiguous_caches_result_token_by_token():
+    g = torch.Generator().manual_seed(3)
+    H, H_kv, Dh = 4, 2, 8
+    paged = PagedKVCache(n_blocks=40, block_size=3, n_kv_heads=H_kv, d_head=Dh, dtype=torch.float64)
+    contiguous = {s: KVCache() for s in range(5)}
+    full = {s: ([], [], []) for s in range(5)}
+    order = torch.randint(0, 5, (80,), generator=g).tolist()
+    for step, s in enumerate(order):
+        T_new = 1 if step % 4 else 2  # now and then two tokens at once
+        q = torch.randn(H, T_new, Dh, dtype=torch.float64, generator=g)
+        k, v = (torch.randn(H_kv, T_new, Dh, dtype=torch.float64, generator=g) for _ in range(2))
+        paged.append(s, k, v)
+        got = paged_attention(q, paged, s)
+        expected = cached_attention(q[None], k[None].repeat_interleave(2, 1), v[None].repeat_interleave(2, 1),
+                                    contiguous[s])[0]
+        assert _max_diff(got, expected) <= 1e-12
+        for lst, x in zip(full[s], (q, k, v), strict=True):
+            lst.append(x)
+    for s in range(5):  # and against the NumPy reference's full causal attention over each whole sequence
+        q, k, v = (torch.cat(x, dim=1).numpy() for x in full[s])
+        k, v = np.repeat(k, 2, axis=0), np.repeat(v, 2, axis=0)
+        S = k.shape[1]
+        expected = ref.scaled_dot_product_attention(q, k, v, mask=np.tril(np.ones((S, S), dtype=bool)))
+        K_paged, V_paged = paged.gather(s)
+        assert torch.equal(K_paged.repeat_interleave(2, 0), torch.from_numpy(k))
+        last = paged_attention(torch.from_numpy(q), paged, s)
+        assert _max_diff(last, expected) <= 1e-12
+
+
+def test_claim_27_split_kv_merged_in_any_order_equals_full_attention():
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 3, 1, 16, dtype=torch.float64, generator=g)  # (B, H, 1, Dh): decoding
+    k, v = (torch.randn(2, 3, 250, 16, dtype=torch.float64, generator=g) for _ in range(2))
+    expected = ref.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy())
+    assert len(chunk_boundaries(250, 5)) == 6
+    for order in itertools.permutations(range(5)):  # all 120 orders of 5 chunks
+        assert _max_diff(split_kv_attention(q, k, v, n_splits=5, order=list(order)), expected) <= 1e-12
+    uneven = [0, 1, 7, 100, 101, 250]
+    assert _max_diff(split_kv_attention(q, k, v, boundaries=uneven, order="tree"), expected) <= 1e-12
