@@ -6,8 +6,9 @@ keys and values (Beltagy et al. 2020, Longformer, section 3.1; Child et al. 2019
 patterns; Mistral's "rolling buffer cache", Jiang et al. 2023, section 2), so a step reads at most
 ``window`` keys however long the text. Xiao et al. 2023 (StreamingLLM) observed that this window
 alone breaks down as soon as the first tokens leave it, because trained models park much of their
-attention on the first tokens (the "attention sinks", their section 3.1), and that keeping the
-first four tokens' keys and values forever restores the loss (their section 3.2, table 1).
+attention on the first tokens (the "attention sinks"), and that keeping the first four tokens'
+keys and values forever restores the loss (their section 3.1 and table 1); section 3.2 builds the
+rolling cache with sinks, its positions counted within the cache.
 
 :class:`SlidingWindowCache` is that cache for :class:`~selfattn.models.gpt.GPT`: a ring buffer of
 ``n_sinks + window`` slots per layer, used through ``GPT.forward_cached`` and ``GPT.generate(...,
