@@ -38,6 +38,8 @@ from ..positions import PositionScheme
 __all__ = [
     "SlidingWindowCache",
     "CACHE_POSITIONS",
+    "make_caches",
+    "DEFAULT_STRETCHES",
     "StreamingResult",
     "streaming_losses",
     "streaming_experiment",
