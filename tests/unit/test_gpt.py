@@ -293,3 +293,51 @@ def test_empty_input_and_infinite_temperature_are_named_errors():
     for bad in (math.inf, math.nan, True):
         with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
             model.generate(torch.tensor([[1, 2]]), 2, temperature=bad)
+
+
+# ----------------------------------------------------------------------------------------------
+# The cache protocol (chapter 11): forward_cached asks each layer's cache for its plan
+# ----------------------------------------------------------------------------------------------
+
+
+class _RecordingCache:
+    """A cache of the protocol written out here: it keeps everything, keys rotated when stored (what a
+    KVCache does), and records the plans and rotations it was asked for."""
+
+    def __init__(self):
+        self.inner = KVCache()
+        self.calls = []
+
+    def plan(self, T, scheme, device):
+        from selfattn.models.gpt import CachePlan
+
+        n = len(self.inner)
+        return CachePlan(n, n, n + T, causal_mask(T, n + T, alignment="bottom_right", device=device))
+
+    def update(self, k_new, v_new, rotate):
+        self.calls.append(len(self.inner))
+        return self.inner.append(rotate(k_new, len(self.inner)), v_new)
+
+
+@pytest.mark.parametrize("positions", POSITION_SCHEMES)
+def test_any_cache_following_the_protocol_gives_the_kv_cache_path(positions):
+    model = _model(positions=positions)
+    ids = _ids(2, 16, 6)
+    caches = [_RecordingCache() for _ in model.blocks]
+    out = torch.cat([model.forward_cached(ids[:, :5], caches)]
+                    + [model.forward_cached(ids[:, t : t + 1], caches) for t in range(5, 16)], dim=1)
+    torch.testing.assert_close(out, model(ids), rtol=0, atol=1e-5)
+    assert caches[0].calls == [0, *range(5, 16)]  # each step rotated its new keys at their first position
+
+
+def test_generate_with_make_cache_kv_equals_the_default_and_bad_make_cache_is_refused():
+    model = _model()
+    prompt = _ids(2, 4, 7)
+    assert torch.equal(model.generate(prompt, 12, greedy=True),
+                       model.generate(prompt, 12, greedy=True, make_cache=KVCache))
+    with pytest.raises(ValueError, match="make_cache must be a callable returning a fresh cache, with use_cache=True"):
+        model.generate(prompt, 2, make_cache=KVCache, use_cache=False)
+    with pytest.raises(ValueError, match="make_cache must be a callable"):
+        model.generate(prompt, 2, make_cache="window")
+    with pytest.raises(TypeError, match=r"caches\[0\] must be a KVCache or a cache with plan\(\) and update\(\)"):
+        model.forward_cached(prompt, [None, KVCache()])

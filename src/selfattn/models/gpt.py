@@ -10,7 +10,10 @@ embeddings, ``rotate`` on every layer's queries and keys, ``score_bias`` on the 
 mask is applied inside :meth:`GPT.forward` (a decoder never reads the future), the attention weights
 of every layer can be returned, and :meth:`GPT.generate` decodes with or without a
 :class:`~selfattn.efficient.KVCache` per layer, giving the same tokens either way. Except with
-learned positions, it runs on sequences longer than the ``block_size`` it was trained at.
+learned positions, it runs on sequences longer than the ``block_size`` it was trained at. Any cache
+that follows the small protocol of :class:`CachePlan` (it says where the new queries and its keys
+sit and which keys they see, and stores and rotates the keys) can stand in for the KVCache, e.g.
+chapter 11's sliding window with attention sinks (:mod:`selfattn.inference.streaming`).
 
 Introduced in chapter 13 (Radford et al. 2018's decoder-only layout, with pre-norm blocks); the
 position schemes are compared in chapter 08.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +44,7 @@ from .tiny_lm import TinyLMConfig, next_token_loss
 __all__ = [
     "GPTConfig",
     "GPT",
+    "CachePlan",
     "TrainingLog",
     "train_lm",
     "evaluate_loss",
@@ -117,6 +122,69 @@ class GPTConfig:
         )
 
 
+@dataclass(frozen=True, eq=False)
+class CachePlan:
+    """Where the T new positions of one cached step sit, as the layer's cache decides.
+
+    :meth:`GPT.forward_cached` asks every layer's cache for its plan before it runs (``cache.plan(T,
+    scheme, device)``), then lets the cache store the new keys and values and hand back the keys the
+    queries read (``cache.update(k_new, v_new, rotate)``). A :class:`~selfattn.efficient.KVCache`
+    keeps everything (chapter 10); :class:`selfattn.inference.streaming.SlidingWindowCache` keeps the
+    first few and the last ``window`` tokens and renumbers them (chapter 11).
+
+    Attributes:
+        text_start: tokens of the sequence before the new ones (every layer's cache must agree); the
+            position at which the scheme's ``add_absolute`` and a learned table's limit see them.
+        start: the position, for the scheme's ``rotate`` and ``score_bias``, of the first new query;
+            the queries sit at ``start .. start+T-1``.
+        n_keys: S, the number of keys (cached and new) that ``update`` returns, which the scheme's
+            ``score_bias`` places at positions ``0 .. S-1``.
+        keep: (T, S) bool, True where new query t may read key s (in the order ``update`` returns).
+
+    Source: chapter 11.
+    """
+
+    text_start: int
+    start: int
+    n_keys: int
+    keep: torch.Tensor
+
+    def same_as(self, other: CachePlan) -> bool:
+        return (self.text_start, self.start, self.n_keys) == (other.text_start, other.start, other.n_keys) and (
+            self.keep.shape == other.keep.shape and bool(torch.equal(self.keep, other.keep)))
+
+
+class _GrowingCache:
+    """A :class:`~selfattn.efficient.KVCache` in the cache protocol of :class:`CachePlan`: the new
+    keys are rotated at their positions ``len(cache) ..`` before they are stored (a position's
+    rotation never changes), and every new query sees the cached keys and the new ones up to itself
+    (the bottom-right causal mask)."""
+
+    def __init__(self, cache: KVCache):
+        self.cache = cache
+
+    def plan(self, T: int, scheme, device) -> CachePlan:
+        start = len(self.cache)  # the new positions are start .. start+T-1
+        S = start + T  # keys: every cached position and the new ones
+        # The new queries are the last T of S positions: bottom-right causal alignment (T == S
+        # without a cache: the ordinary lower-triangular mask).
+        return CachePlan(start, start, S, causal_mask(T, S, alignment="bottom_right", device=device))
+
+    def update(self, k_new, v_new, rotate):
+        return self.cache.append(rotate(k_new, len(self.cache)), v_new)  # (B, H, S, Dh) each
+
+
+def _as_protocol(cache, i: int):
+    if isinstance(cache, KVCache):
+        return _GrowingCache(cache)
+    if callable(getattr(cache, "plan", None)) and callable(getattr(cache, "update", None)):
+        return cache
+    raise TypeError(
+        f"caches[{i}] must be a KVCache or a cache with plan() and update() (e.g. "
+        f"selfattn.inference.streaming.SlidingWindowCache); got {type(cache).__name__}"
+    )
+
+
 class GPT(nn.Module):
     """Decoder-only Transformer: ``logits = W_out(LN(blocks(positions.add_absolute(E[ids]), causal)))``.
 
@@ -164,11 +232,8 @@ class GPT(nn.Module):
         self.positions = config.make_positions()  # last: the other parameters' init ignores the scheme
 
     def _check_ids(self, input_ids: torch.Tensor, start: int) -> None:
-        require_tensor("input_ids", input_ids)
-        require_rank("input_ids", input_ids, 2, "(B, T)")
+        self._check_shape(input_ids)
         T = input_ids.shape[1]
-        if T == 0:
-            raise ValueError(f"input_ids must hold at least one token (T > 0); got shape {shape_of(input_ids)}")
         limit = self.positions.max_positions
         if limit is not None and start + T > limit:
             raise ValueError(
@@ -177,44 +242,59 @@ class GPT(nn.Module):
                 f"{shape_of(input_ids)} at offset {start}. Only positions='learned' has this limit"
             )
 
-    def _run(self, input_ids: torch.Tensor, caches: list[KVCache]):
-        """The T new positions ``input_ids`` after ``len(caches[0])`` cached ones -> logits, weights.
+    @staticmethod
+    def _check_shape(input_ids: torch.Tensor) -> None:
+        require_tensor("input_ids", input_ids)
+        require_rank("input_ids", input_ids, 2, "(B, T)")
+        if input_ids.shape[1] == 0:
+            raise ValueError(f"input_ids must hold at least one token (T > 0); got shape {shape_of(input_ids)}")
 
-        The one path of both :meth:`forward` (fresh caches) and :meth:`forward_cached`.
+    def _run(self, input_ids: torch.Tensor, caches: list):
+        """The T new positions ``input_ids`` after those the caches hold -> logits, weights.
+
+        The one path of both :meth:`forward` (fresh caches) and :meth:`forward_cached`. ``caches``
+        follow the protocol of :class:`CachePlan` (a KVCache is wrapped by :func:`_as_protocol`).
         """
-        start = len(caches[0])  # the new positions are start .. start+T-1
-        self._check_ids(input_ids, start)
+        self._check_shape(input_ids)
         T = input_ids.shape[1]
-        S = start + T  # keys: every cached position and the new ones
-        x = self.positions.add_absolute(self.token_embedding(input_ids), start)  # (B, T, D)
-        # The new queries are the last T of S positions: bottom-right causal alignment (T == S
-        # without a cache: the ordinary lower-triangular mask).
-        keep = causal_mask(T, S, alignment="bottom_right", device=x.device)  # (T, S)
+        tokens = self.token_embedding(input_ids)  # (B, T, D)
+        plans = [cache.plan(T, self.positions, tokens.device) for cache in caches]
+        plan = plans[0]  # where the new positions sit, the same for every layer
+        if len({p.text_start for p in plans}) != 1:
+            raise ValueError(f"caches must all hold the same number of positions; got lengths "
+                             f"{[p.text_start for p in plans]}")
+        if not all(plan.same_as(p) for p in plans[1:]):
+            raise ValueError("caches must all be of one kind, with the same settings: their layers would place "
+                             "the new positions differently; got (start, n_keys) per layer "
+                             f"{[(p.start, p.n_keys) for p in plans]}")
+        self._check_ids(input_ids, plan.text_start)
+        x = self.positions.add_absolute(tokens, plan.text_start)  # (B, T, D)
         # ALiBi's bias in float32 at least: in bfloat16, -s * d near d = 500 would be rounded to steps of 2
         bias_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-        bias = self.positions.score_bias(T, S, start, dtype=bias_dtype, device=x.device)  # (H, T, S) or None
+        bias = self.positions.score_bias(T, plan.n_keys, plan.start, dtype=bias_dtype, device=x.device)  # (H, T, S) or None
         weights = []
         for block, cache in zip(self.blocks, caches, strict=True):
-            attn_out, w = self._attention(block, block.ln1(x), cache, start, keep, bias)
+            attn_out, w = self._attention(block, block.ln1(x), cache, plan.start, plan.keep, bias)
             x = x + block.dropout(attn_out)  # (B, T, D)
             x = x + block.dropout(block.ffn(block.ln2(x)))  # (B, T, D)
             weights.append(w)
         return self.lm_head(self.ln_f(x)), tuple(weights)  # (B, T, D) @ (D, V) -> (B, T, V)
 
-    def _attention(self, block: TransformerBlock, h, cache: KVCache, start: int, keep, bias):
-        """The attention branch of ``block`` for new positions ``h`` (B, T, D) at ``start ..``.
+    def _attention(self, block: TransformerBlock, h, cache, start: int, keep, bias):
+        """The attention branch of ``block`` for new positions ``h`` (B, T, D), queries at ``start ..``.
 
         The parameters and steps of :class:`~selfattn.multihead.MultiHeadAttention`'s forward, with
         the scheme's rotation of Q and K and its score bias, and keys and values of earlier
-        positions read from ``cache`` (which receives the new, rotated keys).
+        positions read from ``cache``, which stores the new ones and rotates the keys where its
+        plan places them (a KVCache: each key once, at its position, before storing it).
         """
         attn = block.attn
         H = attn.config.n_heads
         Q = split_heads(h @ attn.W_Q + attn.b_Q, H)  # (B, T, D) -> (B, H, T, Dh)
         K_new = split_heads(h @ attn.W_K + attn.b_K, H)  # (B, T, D) -> (B, H, T, Dh)
         V_new = split_heads(h @ attn.W_V + attn.b_V, H)  # (B, T, D) -> (B, H, T, Dh)
-        Q = self.positions.rotate(Q, start)  # at absolute positions start .. start+T-1
-        K, V = cache.append(self.positions.rotate(K_new, start), V_new)  # (B, H, S, Dh) each
+        Q = self.positions.rotate(Q, start)  # at positions start .. start+T-1
+        K, V = cache.update(K_new, V_new, self.positions.rotate)  # rotated keys, values: (B, H, S, Dh) each
         dropout_p = attn.config.dropout if self.training else 0.0
         context, weights = scaled_dot_product_attention(
             Q, K, V, keep, bias=bias, dropout_p=dropout_p, return_weights=True
@@ -223,40 +303,43 @@ class GPT(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, *, return_weights: bool = False):
         return_weights = require_flag("return_weights", return_weights)
-        logits, weights = self._run(input_ids, [KVCache() for _ in self.blocks])  # no earlier positions
+        logits, weights = self._run(input_ids, [_GrowingCache(KVCache()) for _ in self.blocks])  # no earlier positions
         return (logits, weights) if return_weights else logits
 
-    def forward_cached(self, input_ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
+    def forward_cached(self, input_ids: torch.Tensor, caches: list) -> torch.Tensor:
         """Logits of the new positions ``input_ids`` (B, T_new), given ``caches`` of the earlier ones.
 
         Each block is the pre-norm block of chapter 07 with its attention split open: the new
-        positions' keys (rotated at their positions) and values are appended to the layer's
-        :class:`KVCache`, and the new queries, at positions ``len(cache) ..``, attend over all S
-        cached positions with the bottom-right causal mask (and the scheme's score bias). Equal to
-        the last T_new rows of :meth:`forward` on the whole sequence (tested, every scheme).
+        positions' keys and values go to the layer's cache, and the new queries attend over the keys
+        the cache hands back. With a :class:`KVCache` (chapter 10) the keys are rotated at their
+        positions and stored, and the new queries, at positions ``len(cache) ..``, attend over all S
+        cached positions with the bottom-right causal mask (and the scheme's score bias): equal to
+        the last T_new rows of :meth:`forward` on the whole sequence (tested, every scheme). Any
+        other cache follows the protocol of :class:`CachePlan`, e.g.
+        :class:`selfattn.inference.streaming.SlidingWindowCache` (chapter 11), which keeps a fixed
+        number of positions.
 
         Args:
-            input_ids: (B, T_new) int64. caches: one :class:`KVCache` per layer (modified in place;
-                a fresh start is ``[KVCache() for _ in range(n_layers)]``).
+            input_ids: (B, T_new) int64. caches: one cache per layer, all of one kind and at the same
+                point (modified in place; a fresh start is ``[KVCache() for _ in range(n_layers)]``).
 
         Returns:
             logits (B, T_new, V).
 
         Raises:
-            ValueError: the wrong number of caches, caches of different lengths, or (learned
-            positions) positions past the table.
+            ValueError: the wrong number of caches, caches of different lengths or kinds, or
+            (learned positions) positions past the table; whatever the cache refuses (e.g. a sliding
+            window given more new tokens than it can hold). TypeError: an object that is not a cache.
 
-        Source: chapter 10 (the cache), chapter 13.
+        Source: chapter 10 (the cache), chapter 11 (the protocol), chapter 13.
         """
         if not isinstance(caches, (list, tuple)) or len(caches) != len(self.blocks):
             raise ValueError(
                 f"caches must hold one KVCache per layer ({len(self.blocks)}); got "
                 f"{len(caches) if isinstance(caches, (list, tuple)) else type(caches).__name__}"
+                " (or one SlidingWindowCache, or other cache with plan() and update(), per layer)"
             )
-        lengths = [len(c) for c in caches]
-        if len(set(lengths)) != 1:
-            raise ValueError(f"caches must all hold the same number of positions; got lengths {lengths}")
-        return self._run(input_ids, list(caches))[0]
+        return self._run(input_ids, [_as_protocol(c, i) for i, c in enumerate(caches)])[0]
 
     @torch.no_grad()
     def generate(
@@ -270,6 +353,7 @@ class GPT(nn.Module):
         use_cache: bool = True,
         top_k: int | None = None,
         top_p: float | None = None,
+        make_cache: Callable[[], object] | None = None,
     ) -> torch.Tensor:
         """Append ``max_new_tokens`` tokens to ``input_ids``, one at a time.
 
@@ -291,15 +375,20 @@ class GPT(nn.Module):
             use_cache: decode with a :class:`KVCache` per layer.
             top_k: sample among the k most probable tokens (None: all). top_p: among the smallest set
                 whose probability reaches p (None or 1: all).
+            make_cache: with ``use_cache``, a callable that returns a fresh cache for one layer (e.g.
+                ``lambda: SlidingWindowCache(32, n_sinks=4)``, chapter 11); then the prompt is fed
+                one token at a time, which every cache accepts. None: a :class:`KVCache` per layer,
+                and the prompt in one step.
 
         Returns:
             (B, T0 + max_new_tokens) int64, the prompt followed by the new tokens.
 
         Raises:
             TypeError / ValueError: bad ``input_ids``; ``max_new_tokens`` not a positive int;
-            ``temperature`` <= 0; with learned positions, a result longer than the table.
+            ``temperature`` <= 0; with learned positions, a result longer than the table;
+            ``make_cache`` not callable, or given with ``use_cache=False``.
 
-        Source: chapter 13.
+        Source: chapter 13; ``make_cache``, chapter 11.
         """
         greedy = require_flag("greedy", greedy)
         use_cache = require_flag("use_cache", use_cache)
@@ -310,6 +399,9 @@ class GPT(nn.Module):
             raise ValueError(f"temperature must be a finite number > 0; got {temperature!r}")
         _require_top_k(top_k)
         _require_top_p(top_p)
+        if make_cache is not None and (not callable(make_cache) or not use_cache):
+            raise ValueError(f"make_cache must be a callable returning a fresh cache, with use_cache=True; got "
+                             f"{make_cache!r} with use_cache={use_cache}")
         total = input_ids.shape[1] + n_new
         limit = self.positions.max_positions
         if limit is not None and total > limit:
@@ -321,8 +413,12 @@ class GPT(nn.Module):
         was_training = self.training
         self.eval()
         ids = input_ids
-        caches = [KVCache() for _ in self.blocks] if use_cache else None
+        caches = [(make_cache or KVCache)() for _ in self.blocks] if use_cache else None
         step_input = ids
+        if make_cache is not None and ids.shape[1] > 1:  # the prompt one token at a time, all but the last
+            for t in range(ids.shape[1] - 1):
+                self.forward_cached(ids[:, t : t + 1], caches)
+            step_input = ids[:, -1:]
         for _ in range(n_new):
             if use_cache:
                 logits = self.forward_cached(step_input, caches)[:, -1]  # (B, V)
