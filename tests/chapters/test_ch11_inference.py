@@ -147,3 +147,65 @@ def test_claim_27_split_kv_merged_in_any_order_equals_full_attention():
         assert _max_diff(split_kv_attention(q, k, v, n_splits=5, order=list(order)), expected) <= 1e-12
     uneven = [0, 1, 7, 100, 101, 250]
     assert _max_diff(split_kv_attention(q, k, v, boundaries=uneven, order="tree"), expected) <= 1e-12
+
+
+def test_claim_28_a_window_cache_equals_the_full_cache_while_it_holds_everything_and_stays_constant():
+    from selfattn.inference.streaming import make_caches
+
+    torch.manual_seed(5)
+    gpt = GPT(GPTConfig(vocab_size=20, block_size=16, d_model=16, n_heads=2, n_layers=2, d_ff=32)).double().eval()
+    ids = torch.randint(0, 20, (2, 40))
+    with torch.no_grad():
+        full = gpt(ids)  # RoPE: runs past block_size
+        roomy = make_caches(gpt, window=40, n_sinks=2)
+        stepwise = torch.cat([gpt.forward_cached(ids[:, t:t + 1], roomy) for t in range(40)], dim=1)
+        assert _max_diff(stepwise, full) <= 1e-12
+        tight = make_caches(gpt, window=5, n_sinks=2)
+        shapes, pointers = set(), set()
+        for t in range(40):
+            gpt.forward_cached(ids[:, t:t + 1], tight)
+            if t >= 6:  # from the first full buffer on, the memory never changes
+                shapes.add(tuple(tight[0].k.shape))
+                pointers.add(tight[0].k.data_ptr())
+    assert shapes == {(2, 2, 7, 8)} and len(pointers) == 1
+    assert sorted(tight[0].held_positions()) == [0, 1, 35, 36, 37, 38, 39]
+
+
+@pytest.fixture(scope="module")
+def streaming_run():
+    """The chapter's experiment, rerun with the chapter's settings (chapter 08's RoPE model, seed 0)."""
+    from selfattn.data import CharTokenizer, load_corpus
+    from selfattn.inference.streaming import streaming_experiment, streaming_losses
+
+    text = load_corpus()
+    tokenizer = CharTokenizer(text)
+    ids = tokenizer.encode(text)
+    split = int(0.9 * ids.numel())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result, model = streaming_experiment(ids[:split], ids[split:], tokenizer.vocab_size, window=32,
+                                             n_sinks_list=(0, 1, 2, 4))
+        text_positions = streaming_losses(model, ids[split:], window=32, n_sinks_list=(0, 4), positions="text",
+                                          reference_windows=0)
+    finally:
+        torch.set_num_threads(threads)
+    return result, text_positions
+
+
+def test_claim_28_what_a_window_loses_and_what_sinks_change_measured(streaming_run):
+    result, text_positions = streaming_run
+    S, far = result.stretch_loss, (1024, 2048)
+    for label in result.labels:
+        assert np.isfinite(result.position_loss[label]).all(), label
+    # the full cache: RoPE far past its training length of 64 degrades (chapter 08), by far more than noise
+    assert S["full cache"][far] > S["recompute last 32"][far] + 1.0
+    # the window alone does not collapse on this model: within 0.02 nats of the best a window of 32 can do
+    for s in (0, 1, 2, 4):
+        assert abs(S[f"window 32, {s} sinks" if s != 1 else "window 32, 1 sink"][far] - S["recompute last 32"][far]) < 0.02
+    # ... because no head of it parks weight on the first token (no sink to lose): below 3x the even share
+    assert np.max(result.sink_weight) < 3 * result.sink_uniform
+    # sinks at their text positions (offsets never seen in training) cost what sinks in the cache do not
+    T = text_positions.stretch_loss
+    assert T["window 32, 4 sinks"][far] > S["window 32, 4 sinks"][far] + 0.03
+    assert abs(T["window 32, 0 sinks"][far] - S["window 32, 0 sinks"][far]) < 1e-4  # no sinks: the two agree
