@@ -72,6 +72,7 @@ test-fast: $(VENV)/.test
 
 bench: $(VENV)/.test
 	$(PY) bench/attention_bench.py
+	$(PY) bench/decode_bench.py
 
 clean:
 	rm -rf _build .pytest_cache
