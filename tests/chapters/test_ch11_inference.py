@@ -185,9 +185,9 @@ def streaming_run():
     torch.set_num_threads(1)
     try:
         result, model = streaming_experiment(ids[:split], ids[split:], tokenizer.vocab_size, window=32,
-                                             n_sinks_list=(0, 1, 2, 4))
+                                             n_sinks_list=(0, 1, 2, 4), extra_settings=[(28, 4)])
         text_positions = streaming_losses(model, ids[split:], window=32, n_sinks_list=(0, 4), positions="text",
-                                          reference_windows=0)
+                                          baselines=False)
     finally:
         torch.set_num_threads(threads)
     return result, text_positions
@@ -200,10 +200,12 @@ def test_claim_28_what_a_window_loses_and_what_sinks_change_measured(streaming_r
         assert np.isfinite(result.position_loss[label]).all(), label
     # the full cache: RoPE far past its training length of 64 degrades (chapter 08), by far more than noise
     assert S["full cache"][far] > S["recompute last 32"][far] + 1.0
-    # the window alone does not collapse on this model: within 0.02 nats of the best a window of 32 can do
-    for s in (0, 1, 2, 4):
-        assert abs(S[f"window 32, {s} sinks" if s != 1 else "window 32, 1 sink"][far] - S["recompute last 32"][far]) < 0.02
-    # ... because no head of it parks weight on the first token (no sink to lose): below 3x the even share
+    # the window alone does not collapse on this model: within 0.02 nats of the recomputation baseline, and
+    # sinks (4 more slots, or 4 of the same 32 slots) change nothing measurable
+    labels = ["window 32, 0 sinks", "window 32, 1 sink", "window 32, 2 sinks", "window 32, 4 sinks", "window 28, 4 sinks"]
+    for label in labels:
+        assert abs(S[label][far] - S["recompute last 32"][far]) < 0.02, label
+    # ... because no head of it parks weight on the first token in training conditions (no sink to lose)
     assert np.max(result.sink_weight) < 3 * result.sink_uniform
     # sinks at their text positions (offsets never seen in training) cost what sinks in the cache do not
     T = text_positions.stretch_loss

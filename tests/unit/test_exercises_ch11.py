@@ -16,7 +16,9 @@ def merge(m_a, l_a, acc_a, m_b, l_b, acc_b, *, guard=True, direction=1):
     return m, s_a * l_a + s_b * l_b, s_a[:, None] * acc_a + s_b[:, None] * acc_b
 
 
-def top_p_keep(probs, p, *, include_crossing=True):
+def top_p_keep(probs, p, *, include_crossing=True, all_at_one=True):
+    if all_at_one and p >= 1:
+        return torch.ones_like(probs, dtype=torch.bool)
     sorted_probs, order = torch.sort(probs, descending=True)
     mass = torch.cumsum(sorted_probs, 0) - (sorted_probs if include_crossing else 0)
     keep = torch.zeros_like(probs, dtype=torch.bool)
@@ -77,6 +79,7 @@ def test_top_p_mistakes_are_named():
     cases = {
         "carries the sum past p": lambda probs, p: top_p_keep(probs, p, include_crossing=False),
         "vocabulary order": lambda probs, p: (torch.cumsum(probs, 0) - probs) < p,
+        "Treat p >= 1 as keeping every token": lambda probs, p: top_p_keep(probs, p, all_at_one=False),
         "one boolean per token": lambda probs, p: torch.ones(3, dtype=torch.bool),
         "the top-p set is the tokens": lambda probs, p: probs > 0.2,
     }

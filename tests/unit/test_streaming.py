@@ -8,6 +8,8 @@ streaming_losses has the structure it documents (tiny untrained model)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -309,7 +311,7 @@ def test_streaming_losses_structure_on_a_tiny_model():
     model = GPT(GPTConfig(vocab_size=13, block_size=8, d_model=16, n_heads=2, n_layers=2, d_ff=32))
     ids = torch.randint(0, 13, (200,), generator=torch.Generator().manual_seed(0))
     result = streaming_losses(model, ids, window=6, n_sinks_list=(0, 2), n_streams=2, stream_length=40,
-                              stretches=[(0, 8), (8, 40)], sink_far=10, reference_windows=3)
+                              stretches=[(0, 8), (8, 40)], sink_far=4, reference_windows=3)
     assert isinstance(result, StreamingResult)
     assert result.labels == ("full cache", "window 6, 0 sinks", "window 6, 2 sinks", "recompute last 6")
     assert all(len(result.position_loss[k]) == 40 for k in result.labels)
@@ -323,6 +325,18 @@ def test_streaming_losses_structure_on_a_tiny_model():
     assert all(0 <= w <= 1 for row in result.sink_weight for w in row) and 0 < result.sink_uniform < 1
     assert result.reference is not None and result.settings == {"n_streams": 2, "stream_length": 40}
     assert "recompute last 6" in result.table() and "8-39" in result.table()
+    assert result.sink_far == 4
+    # the same window settings at equal budget, and without the baselines
+    lean = streaming_losses(model, ids, window=6, n_sinks_list=(0,), n_streams=2, stream_length=40,
+                            extra_settings=[(4, 2)], baselines=False)
+    assert lean.labels == ("window 6, 0 sinks", "window 4, 2 sinks") and lean.reference is None
+    assert lean.sink_weight == () and math.isnan(lean.sink_uniform)
+    assert lean.position_loss["window 6, 0 sinks"] == result.position_loss["window 6, 0 sinks"]
+    with pytest.raises(ValueError, match="repeats the setting"):
+        streaming_losses(model, ids, window=6, n_sinks_list=(2,), n_streams=2, stream_length=40,
+                         extra_settings=[(6, 2)], baselines=False)
+    with pytest.raises(ValueError, match="sink_far must be below"):
+        streaming_losses(model, ids, window=6, n_sinks_list=(0,), n_streams=2, stream_length=40, sink_far=8)
     # a window as long as the streams: every setting is the full cache
     same = streaming_losses(model, ids, window=40, n_sinks_list=(0,), n_streams=2, stream_length=40,
                             reference_windows=0)

@@ -124,7 +124,7 @@ def check_merge_partials(fn):
 def check_top_p_keep(fn):
     """``fn(probs (V,), p)`` -> a boolean tensor (V,): True for the tokens of the top-p set, the
     smallest set of most probable tokens whose probabilities sum to at least p. Torch in and out;
-    the probabilities given have no ties."""
+    the probabilities given have no ties. ``p = 1`` keeps every token."""
     if _is_empty_stub(fn):
         return not_attempted(_EX3)
     probs = np.array([0.05, 0.30, 0.02, 0.25, 0.15, 0.08, 0.10, 0.05 - 1e-3, 1e-3])  # one tie-free order
@@ -133,7 +133,7 @@ def check_top_p_keep(fn):
         order = np.argsort(-probs, kind="stable")
         before = np.cumsum(probs[order]) - probs[order]  # mass of the more probable tokens
         expected = np.zeros(len(probs), dtype=bool)
-        expected[order[before < p - 1e-12]] = True
+        expected[order[before < p]] = True
         arr = to_numpy(got)
         if arr is None or arr.shape != expected.shape:
             return failed(_EX3, f"Return one boolean per token, shape {expected.shape}; got "
@@ -142,14 +142,26 @@ def check_top_p_keep(fn):
         if np.array_equal(keep, expected):
             continue
         excluding = np.zeros(len(probs), dtype=bool)
-        excluding[order[np.cumsum(probs[order]) < p - 1e-12]] = True
+        excluding[order[np.cumsum(probs[order]) < p]] = True
         if np.array_equal(keep, excluding):
             return failed(_EX3, f"At p={p} you stopped before the token whose probability carries the sum "
                           "past p, so the kept mass is below p: keep a token while the mass *before* it is below p.")
-        unsorted = np.cumsum(probs) - probs < p - 1e-12
+        unsorted = np.cumsum(probs) - probs < p
         if np.array_equal(keep, unsorted):
             return failed(_EX3, "You summed the probabilities in vocabulary order; sort them, most probable first.")
         return failed(_EX3, f"At p={p} the top-p set is the tokens {sorted(np.flatnonzero(expected).tolist())}; "
                       f"you kept {sorted(np.flatnonzero(keep).tolist())}.")
-    return passed(_EX3, "Sorted, most probable first, kept while the mass before each token is below p: "
-                  "p = 1 keeps every token, and a small p is close to greedy.")
+    # A real next-token distribution in float32: its cumulative sum reaches 1.0 before the last
+    # (tiny) probabilities, so "mass before < 1" drops tokens that p = 1 must keep.
+    logits = torch.from_numpy(np.random.default_rng(5).normal(size=94) * 4.0).float()
+    real = torch.softmax(logits, dim=-1)
+    keep = to_numpy(call_learner(_EX3, fn, real.clone(), 1.0))
+    if keep is None or keep.shape != (94,):
+        return failed(_EX3, f"Return one boolean per token, shape (94,), for a float32 distribution of 94 tokens; got "
+                      f"{None if keep is None else keep.shape}.")
+    if not keep.astype(bool).all():
+        return failed(_EX3, f"At p=1 every token must be kept, but you dropped {int((~keep.astype(bool)).sum())} of 94 "
+                      "from a float32 softmax: its rounded cumulative sum reaches 1 before the last tiny "
+                      "probabilities. Treat p >= 1 as keeping every token.")
+    return passed(_EX3, "Sorted, most probable first, kept while the mass before each token is below p, and "
+                  "p = 1 keeps every token even where rounding makes the running sum reach 1 early.")

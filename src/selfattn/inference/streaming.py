@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .._validate import require_positive_int, require_rank, require_tensor, shape_of
+from .._validate import require_flag, require_positive_int, require_rank, require_tensor, shape_of
 from ..masks import causal_mask
 from ..models.gpt import GPT, CachePlan
 from ..positions import PositionScheme
@@ -320,8 +320,9 @@ class StreamingResult:
         reference: the mean loss on ``reference_windows`` windows of ``train_length`` tokens from
             position 0 (:func:`selfattn.experiments.positions.validation_windows`): the model in
             the conditions it was trained in. None when not measured.
-        sink_weight: (n_layers, H) nested tuples, :func:`sink_weights` under the full cache;
-            sink_uniform: the uniform share it is compared with; sink_far: the first query counted.
+        sink_weight: (n_layers, H) nested tuples, :func:`sink_weights` on windows of the training
+            length from position 0 (empty without baselines); sink_uniform: the even share it is
+            compared with (NaN without baselines); sink_far: the first query counted.
         seconds: ``seconds[label]``, wall-clock time of each setting (never asserted).
         settings: how it was run (streams B, length N, and for :func:`streaming_experiment` the
             training settings and time).
@@ -374,8 +375,10 @@ def streaming_losses(
     n_streams: int = 4,
     stream_length: int = 2048,
     stretches: Sequence[tuple[int, int]] | None = None,
-    sink_far: int = 64,
+    sink_far: int | None = None,
     reference_windows: int = 48,
+    extra_settings: Sequence[tuple[int, int]] = (),
+    baselines: bool = True,
 ) -> StreamingResult:
     """Teacher-forced loss at every position of long texts: full cache, sliding windows with sinks, recomputation.
 
@@ -387,12 +390,19 @@ def streaming_losses(
       equal to decoding with a KVCache; tested): RoPE far past its training length;
     - ``"window W, s sinks"`` for each s in ``n_sinks_list``: token by token through a
       :class:`SlidingWindowCache` (``window``, s, ``positions``) per layer;
+    - ``"window w, s sinks"`` for each ``(w, s)`` of ``extra_settings``, e.g. ``(W - 4, 4)``: 4 sinks
+      at the same total cache size as ``W`` without sinks (StreamingLLM compares at equal budget);
     - ``"recompute last W"``: each token's loss from the last W tokens re-encoded from scratch at
-      positions 0 .. W-1 (what the model saw in training; W passes of W tokens per token, the best a
-      window of W can do, StreamingLLM's "sliding window with re-computation").
+      positions 0 .. W-1 (what the model saw in training; StreamingLLM's "sliding window with
+      re-computation"). A baseline, not an upper bound: a cached window reaches further back through
+      the layers (up to about n_layers x W tokens), a recomputed one sees exactly W.
 
-    Also the in-distribution reference (the loss on ``reference_windows`` windows of the training
-    length, from position 0) and :func:`sink_weights` under the full cache.
+    With ``baselines`` also: the in-distribution reference (the loss on ``reference_windows``
+    windows of the training length, from position 0) and :func:`sink_weights` measured in training
+    conditions: on windows of the training length from position 0, queries ``sink_far ..
+    block_size - 1`` (past the training length the model's attention says little). Without
+    ``baselines`` only the window settings are measured (the full cache and recomputation rows are
+    absent, the sink weights empty).
 
     Args:
         model: a :class:`~selfattn.models.gpt.GPT` (run in eval mode, left as it was).
@@ -402,8 +412,12 @@ def streaming_losses(
         n_streams: B (> 0). stream_length: N (> 0).
         stretches: ``(first, end)`` ranges of positions to average over (default
             :data:`DEFAULT_STRETCHES` cut to N; ranges past N are dropped).
-        sink_far: first query position counted by :func:`sink_weights` (< N).
-        reference_windows: windows for the reference (0: not measured).
+        sink_far: first query position counted by :func:`sink_weights` (< block_size; default
+            block_size // 4, 16 for a model trained on 64 positions).
+        reference_windows: windows for the reference and the sink weights (0: the reference not
+            measured; the sink weights then use 48 windows).
+        extra_settings: more ``(window, n_sinks)`` pairs to measure (ints, window > 0, sinks >= 0).
+        baselines: measure the full cache, the recomputation, the reference and the sink weights.
 
     Returns:
         A :class:`StreamingResult`.
@@ -434,8 +448,21 @@ def streaming_losses(
     for a, b in stretches:
         if not 0 <= a < b <= N:
             raise ValueError(f"stretches must be (first, end) with 0 <= first < end <= stream_length={N}; got {(a, b)}")
-    for s in sinks:  # refuse a scheme the cache cannot serve before any work
-        SlidingWindowCache(W, s, positions=positions).plan(1, model.positions)
+    baselines = require_flag("baselines", baselines)
+    extra = []
+    for pair in extra_settings:
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise ValueError(f"extra_settings must hold (window, n_sinks) pairs; got {pair!r}")
+        w = require_positive_int("extra_settings window", pair[0])
+        s = pair[1]
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise ValueError(f"extra_settings n_sinks must be an int >= 0; got {s!r}")
+        extra.append((w, s))
+    far = max(1, model.config.block_size // 4) if sink_far is None else require_positive_int("sink_far", sink_far)
+    if baselines and far >= model.config.block_size:
+        raise ValueError(f"sink_far must be below the training length block_size={model.config.block_size}; got {far}")
+    for w, s in [(W, s) for s in sinks] + extra:  # refuse a scheme the cache cannot serve before any work
+        SlidingWindowCache(w, s, positions=positions).plan(1, model.positions)
     inputs, targets = validation_windows(ids, N, B)  # (B, N) each
     device = next(model.parameters()).device
     inputs, targets = inputs.to(device), targets.to(device)
@@ -443,28 +470,32 @@ def streaming_losses(
     model.eval()
     curves, seconds = {}, {}
     try:
-        t0 = time.perf_counter()
-        full = model(inputs)  # (B, N, V); equal to decoding with a KVCache
-        curves["full cache"] = F.cross_entropy(full.transpose(1, 2), targets, reduction="none").double().cpu()
-        seconds["full cache"] = time.perf_counter() - t0
-        for s in sinks:
-            label = f"window {W}, {s} sink{'s' if s != 1 else ''}"
+        if baselines:
             t0 = time.perf_counter()
-            curves[label] = _streamed_losses(model, inputs, targets, make_caches(model, W, s, positions=positions))
+            full = model(inputs)  # (B, N, V); equal to decoding with a KVCache
+            curves["full cache"] = F.cross_entropy(full.transpose(1, 2), targets, reduction="none").double().cpu()
+            seconds["full cache"] = time.perf_counter() - t0
+        for w, s in [(W, s) for s in sinks] + extra:
+            label = f"window {w}, {s} sink{'s' if s != 1 else ''}"
+            if label in curves:
+                raise ValueError(f"extra_settings repeats the setting {label!r}")
+            t0 = time.perf_counter()
+            curves[label] = _streamed_losses(model, inputs, targets, make_caches(model, w, s, positions=positions))
             seconds[label] = time.perf_counter() - t0
-        label = f"recompute last {W}"
-        t0 = time.perf_counter()
-        curves[label] = _recomputed_losses(model, inputs, targets, W)
-        seconds[label] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        weights, uniform = sink_weights(model, inputs, far=min(sink_far, N - 1)) if N > 1 else (
-            torch.zeros(model.config.n_layers, model.config.n_heads, dtype=torch.float64), math.nan)
-        seconds["sink weights"] = time.perf_counter() - t0
-        reference = None
-        if reference_windows:
+        weights = torch.zeros(0, 0, dtype=torch.float64)
+        uniform, reference = math.nan, None
+        if baselines:
+            label = f"recompute last {W}"
+            t0 = time.perf_counter()
+            curves[label] = _recomputed_losses(model, inputs, targets, W)
+            seconds[label] = time.perf_counter() - t0
             T = model.config.block_size
-            ref_in, ref_t = validation_windows(ids, T, reference_windows)
-            reference = float(position_losses(model, ref_in, ref_t).mean())
+            ref_in, ref_t = validation_windows(ids, T, reference_windows or 48)  # training conditions
+            t0 = time.perf_counter()
+            weights, uniform = sink_weights(model, ref_in, far=far)
+            seconds["sink weights"] = time.perf_counter() - t0
+            if reference_windows:
+                reference = float(position_losses(model, ref_in, ref_t).mean())
     finally:
         model.train(was_training)
     position_loss = {k: tuple(float(v) for v in c.mean(0)) for k, c in curves.items()}
@@ -473,7 +504,7 @@ def streaming_losses(
         labels=tuple(curves), window=W, n_sinks=sinks, positions=positions, position_loss=position_loss,
         stretches=stretches, stretch_loss=stretch_loss, reference=reference,
         sink_weight=tuple(tuple(float(x) for x in row) for row in weights), sink_uniform=uniform,
-        sink_far=min(sink_far, N - 1), seconds=seconds, settings=dict(n_streams=B, stream_length=N),
+        sink_far=far, seconds=seconds, settings=dict(n_streams=B, stream_length=N),
     )
 
 
