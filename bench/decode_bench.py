@@ -12,7 +12,11 @@ median of repeats (:func:`selfattn.inference.decode_timing.time_decode`).
 
 Roofline (:func:`selfattn.inference.costs.measure_roofline`): the float32 matmul rate, the read
 bandwidth of a 256 MiB sum, and one decode step of attention (H=8, d_head=64, S=65536: K and V are
-256 MiB), interleaved, medians; with the verdict of ``memory_bound_verdict`` and the margins it uses.
+256 MiB; larger than the last-level cache of typical machines, the header prints this one's L3),
+interleaved, medians; with the verdict of ``memory_bound_verdict`` (memory-bound by the roofline:
+counted intensity below the measured balance; the measured share of the streaming bandwidth reported
+beside it). The cost-model table gives each published model at 4k tokens, or "n/a" where the model
+was trained for fewer.
 ``OMP_WAIT_POLICY=PASSIVE`` is set unless given, as in ``attention_bench.py`` (and see
 ``time_decode``'s ``num_threads``: with spinning OpenMP threads a cached step of this small model
 costs 30x more on a busy machine). Chapter 11 may load the results file.
@@ -72,11 +76,16 @@ def _vector_isa() -> str:
     return "unknown"
 
 
+def _mib(n_bytes) -> str:
+    return "not reported" if n_bytes is None else f"{n_bytes / 2**20:g} MiB"
+
+
 def render(timing, roof, verdict, meta) -> str:
     lines = [f"# Decoding with and without the KV cache, and the roofline ({meta['date']})", "",
              f"Machine: {meta['cpu']}, vector ISA {meta['isa']}; {meta['threads']} torch threads, torch "
              f"{meta['torch']}; OMP_WAIT_POLICY={meta['omp_wait_policy']}; 1-minute load average {meta['load']} "
-             "(a shared machine: other jobs may have run during the measurement).", "",
+             "(a shared machine: other jobs may have run during the measurement); L3 cache "
+             f"{_mib(roof.l3_cache_bytes)} (the roofline's arrays are 256 MiB).", "",
              f"Model: capstone-sized GPT ({meta['model']}), untrained, float32, greedy, batch 1; "
              f"{timing.n_new} timed tokens per run, median of {timing.repeats} alternated rounds. Cached: the "
              "prefill of the prompt is not counted (paid once per prompt).", "",
@@ -98,11 +107,14 @@ def render(timing, roof, verdict, meta) -> str:
               f"{roof.decode_bytes_per_s / 1e9:.1f} GB/s |",
               f"| decode attention intensity | {roof.decode_intensity:.2f} FLOP/byte |",
               f"| decode attention / matmul rate | {roof.decode_flops_per_s / roof.matmul_flops_per_s:.1%} |",
-              f"| decode attention / bandwidth | {roof.decode_bytes_per_s / roof.bandwidth_bytes_per_s:.0%} |",
+              f"| decode attention / bandwidth | {verdict.bandwidth_share:.0%} |",
               "", f"Verdict: {verdict.statement}.", "",
               "## Intensity of a decode step and a prefill (cost model, bfloat16, batch 1), and published balance", "",
               "| model | decode at 4k (FLOP/byte) | prefill of 4k (FLOP/byte) |", "|:---|---:|---:|"]
     for spec in meta["specs"]:
+        if spec.max_context is not None and spec.max_context < 4096:
+            lines.append(f"| {spec.name} | n/a (trained for {spec.max_context} tokens) | n/a |")
+            continue
         lines.append(f"| {spec.name} | {decode_step_cost(spec, 4096).intensity:.2f} "
                      f"| {prefill_cost(spec, 4096).intensity:.0f} |")
     lines += ["", "| accelerator (datasheet, dense BF16) | TFLOP/s | TB/s | balance (FLOP/byte) |",
@@ -152,7 +164,11 @@ def main(argv=None):
                                "decode_intensity": roof.decode_intensity, "balance": roof.balance,
                                "matmul_n": roof.matmul_n, "bandwidth_bytes": roof.bandwidth_bytes,
                                "decode_shape": list(roof.decode_shape), "seconds": roof.seconds,
-                               "memory_bound": verdict.memory_bound}}
+                               "l3_cache_bytes": roof.l3_cache_bytes,
+                               "memory_bound": verdict.memory_bound,
+                               "bandwidth_share": verdict.bandwidth_share,
+                               "near_memory_roof": verdict.near_memory_roof,
+                               "flops_fraction": verdict.flops_fraction}}
         out.with_suffix(".json").write_text(json.dumps(record, indent=1))
         print(f"wrote {out} and {out.with_suffix('.json')}", file=sys.stderr)
 

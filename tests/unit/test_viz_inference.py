@@ -24,19 +24,37 @@ def _measurement():
 
 
 def test_kv_cache_figure_traces_hold_the_table():
-    rows = kv_cache_table([PUBLISHED_SPECS["GPT-2 small"], PUBLISHED_SPECS["Llama 3 8B"]])
+    rows = kv_cache_table([PUBLISHED_SPECS["GPT-2 small"], PUBLISHED_SPECS["Llama 3.1 8B"]], [256, 4096, 131072])
     fig = kv_cache_figure(rows)
-    # GPT-2 (MHA): one line; Llama 3 8B (GQA): its line and the dotted MHA equivalent
-    assert [t.name for t in fig.data] == ["GPT-2 small", "Llama 3 8B", "Llama 3 8B, MHA equivalent"]
-    assert list(fig.data[1].x) == [4096, 32768, 131072] and list(fig.data[1].y) == [0.5, 4.0, 16.0]
-    assert list(fig.data[2].y) == [2.0, 16.0, 64.0] and fig.data[2].line.dash == "dot"
-    assert list(fig.data[0].y) == list(rows[0].gib)
-    assert fig.data[1].line.color == fig.data[2].line.color and fig.data[2].legendgroup == "Llama 3 8B"
+    # GPT-2 (MHA): one line; Llama 3.1 8B (GQA): its line and the dotted MHA equivalent
+    assert [t.name for t in fig.data] == ["GPT-2 small", "Llama 3.1 8B", "Llama 3.1 8B, MHA equivalent"]
+    assert list(fig.data[1].x) == [256, 4096, 131072] and list(fig.data[1].y) == [1 / 32, 0.5, 16.0]
+    assert list(fig.data[2].y) == [0.125, 2.0, 64.0] and fig.data[2].line.dash == "dot"
+    # GPT-2 stops at its 1024 trained positions: 256, then a point at 1024 (36 MiB), nothing beyond
+    assert list(fig.data[0].x) == [256, 1024] and list(fig.data[0].y) == [rows[0].gib[0], 36 / 1024]
+    assert "trained for at most 1,024 tokens: the line ends there" in fig.data[0].hovertemplate
+    assert fig.data[1].line.color == fig.data[2].line.color and fig.data[2].legendgroup == "Llama 3.1 8B"
     assert "131,072 bytes/token" in fig.data[1].hovertemplate
     assert fig.layout.xaxis.type == fig.layout.yaxis.type == "log"
     assert fig.layout.xaxis.title.text == "context length (tokens, log scale)"
     assert fig.layout.yaxis.title.text == "KV cache (GiB, log scale)"
-    assert "Llama 3 8B 4x" in figure_description(fig)
+    text = figure_description(fig)
+    assert "Llama 3.1 8B 4x" in text and "GPT-2 small 1,024" in text
+
+
+def test_kv_cache_figure_draws_a_window_flat_and_stops_at_max_context():
+    rows = kv_cache_table([PUBLISHED_SPECS["Mistral 7B"], PUBLISHED_SPECS["all-MiniLM-L6-v2"]])  # 1k, 8k, 128k
+    fig = kv_cache_figure(rows)
+    mistral, mistral_mha, minilm = fig.data
+    # up to the window it grows, then flat to max_context 8192; no point at 128k
+    assert list(mistral.x) == [1024, 4096, 8192] and list(mistral.y) == [0.125, 0.5, 0.5]
+    assert list(mistral_mha.x) == [1024, 4096, 8192] and list(mistral_mha.y) == [0.5, 2.0, 2.0]
+    assert "sliding window of 4,096 tokens: the cache stops growing there" in mistral.hovertemplate
+    assert "trained for at most 8,192 tokens" in mistral_mha.hovertemplate
+    # MiniLM: every length of the table is past its 512 positions; one point, at 512
+    assert list(minilm.x) == [512] and list(minilm.y) == [4.5 / 1024]
+    text = figure_description(fig)
+    assert "stays flat (Mistral 7B at 4,096 tokens)" in text and "all-MiniLM-L6-v2 512" in text
 
 
 def test_kv_cache_figure_rejects_bad_rows():

@@ -3,8 +3,8 @@
 Builders return plotly Figures with a text description attached (never show them). They are static
 (hover text, legend toggles, log axes), so a reader of the book explores them with no kernel.
 
-- :func:`kv_cache_figure`: KV-cache GiB against context length per model, and the multi-head
-  equivalent of each grouped-query model (claims 25, 26).
+- :func:`kv_cache_figure`: KV-cache GiB against context length per model, up to the context it
+  was trained for, and the multi-head equivalent of each grouped-query model (claims 25, 26).
 - :func:`roofline_figure`: attainable FLOP/s against arithmetic intensity for this machine (measured)
   and published GPUs, with the intensities of decode and prefill marked (claim 25).
 - :func:`decode_speed_figure`: tokens per second with and without the cache against context length.
@@ -37,12 +37,33 @@ def _layout(fig: go.Figure, title: str, x_title: str, y_title: str) -> None:
     fig.update_yaxes(type="log", title_text=y_title)
 
 
+def _cache_points(row: KVCacheRow) -> list[int]:
+    # the table's lengths up to the model's max_context, and the corners: the window (where a rolling
+    # buffer stops growing) and max_context itself (where the line ends)
+    corners = [n for n in (row.sliding_window, row.max_context) if n is not None]
+    top = max(row.context_lengths) if row.max_context is None else row.max_context
+    return sorted({n for n in (*row.context_lengths, *corners) if n <= top})
+
+
+def _limits_note(row: KVCacheRow) -> str:
+    note = ""
+    if row.sliding_window is not None:
+        note += (f"<br>sliding window of {row.sliding_window:,} tokens: the cache stops growing there "
+                 "(a rolling buffer)")
+    if row.max_context is not None:
+        note += f"<br>trained for at most {row.max_context:,} tokens: the line ends there"
+    return note
+
+
 def kv_cache_figure(rows: Sequence[KVCacheRow]) -> go.Figure:
     """KV-cache size (GiB) against context length (tokens), log-log, one line per model.
 
-    For each row of :func:`selfattn.inference.costs.kv_cache_table` a solid line of ``row.gib``; for
-    a grouped-query model (``row.saving > 1``) also a dotted line of its multi-head equivalent
-    ``row.mha_gib`` in the same colour (same legend group). Hover gives bytes per token and the saving.
+    For each row of :func:`selfattn.inference.costs.kv_cache_table` a solid line of its cache at the
+    table's context lengths (``row.gib_at``), drawn only up to the model's ``max_context`` (a point is
+    added there) and flat past its ``sliding_window`` (a point added at the window); for a
+    grouped-query model (``row.saving > 1``) also a dotted line of its multi-head equivalent in the
+    same colour (same legend group). Hover gives bytes per token, the saving and those limits. A model
+    whose max_context is below every length of the table is drawn as one point, at its max_context.
 
     Raises: TypeError: a row that is not a KVCacheRow. ValueError: no rows. Source: chapter 11.
     """
@@ -54,15 +75,17 @@ def kv_cache_figure(rows: Sequence[KVCacheRow]) -> go.Figure:
         if not isinstance(row, KVCacheRow):
             raise TypeError(f"rows[{i}] must be a KVCacheRow (from kv_cache_table); got {type(row).__name__}")
         colour = _COLOURS[i % len(_COLOURS)]
+        x = _cache_points(row)
+        note = _limits_note(row)
         hover = (f"{row.name}<br>%{{x:,}} tokens: %{{y:.3g}} GiB<br>{row.bytes_per_token:,} bytes/token "
-                 f"({row.n_layers} layers x {row.n_kv_heads} kv heads x d_head {row.d_head})<extra></extra>")
-        fig.add_trace(go.Scatter(x=list(row.context_lengths), y=list(row.gib), mode="lines+markers", name=row.name,
+                 f"({row.n_layers} layers x {row.n_kv_heads} kv heads x d_head {row.d_head}){note}<extra></extra>")
+        fig.add_trace(go.Scatter(x=x, y=[row.gib_at(n) for n in x], mode="lines+markers", name=row.name,
                                  legendgroup=row.name, line={"color": colour, "dash": "solid"}, hovertemplate=hover))
         if row.saving > 1:
             mha_hover = (f"{row.name} with multi-head attention ({row.n_heads} kv heads)<br>%{{x:,}} tokens: "
                          f"%{{y:.3g}} GiB<br>{row.mha_bytes_per_token:,} bytes/token, {row.saving:g}x the "
-                         "grouped-query cache<extra></extra>")
-            fig.add_trace(go.Scatter(x=list(row.context_lengths), y=list(row.mha_gib), mode="lines+markers",
+                         f"grouped-query cache{note}<extra></extra>")
+            fig.add_trace(go.Scatter(x=x, y=[row.gib_at(n, mha=True) for n in x], mode="lines+markers",
                                      name=f"{row.name}, MHA equivalent", legendgroup=row.name,
                                      line={"color": colour, "dash": "dot"}, marker={"symbol": "circle-open"},
                                      hovertemplate=mha_hover))
@@ -70,7 +93,16 @@ def kv_cache_figure(rows: Sequence[KVCacheRow]) -> go.Figure:
             "KV cache (GiB, log scale)")
     gqa = [r for r in rows if r.saving > 1]
     text = (f"Log-log lines of KV-cache size in GiB against context length for {', '.join(r.name for r in rows)}. "
-            "The cache grows linearly with the context.")
+            "The cache grows linearly with the context")
+    windowed = [r for r in rows if r.sliding_window is not None]
+    if windowed:
+        text += (", except past a sliding window, where it stays flat ("
+                 + ", ".join(f"{r.name} at {r.sliding_window:,} tokens" for r in windowed) + ")")
+    text += "."
+    bounded = [r for r in rows if r.max_context is not None]
+    if bounded:
+        text += (" Each line ends at the context its model was trained for ("
+                 + ", ".join(f"{r.name} {r.max_context:,}" for r in bounded) + " tokens).")
     if gqa:
         text += (" Dotted lines: the same model with multi-head attention, larger by n_heads / n_kv_heads ("
                  + ", ".join(f"{r.name} {r.saving:g}x" for r in gqa) + ").")
