@@ -71,12 +71,14 @@ def test_claim_25_decoding_reads_every_cached_position():
 def test_claim_25_decode_intensity_is_below_the_balance_of_gpus_and_of_this_machine():
     # counted: one decoding sequence does about 1 FLOP per byte in bfloat16, every published model
     for spec in costs.PUBLISHED_SPECS.values():
-        c = costs.decode_step_cost(spec, 4096)
+        n = min(4096, spec.max_context or 4096)  # MiniLM was trained for 512 tokens, GPT-2 for 1024
+        c = costs.decode_step_cost(spec, n)
         assert 0.9 < c.intensity < 2.0, spec.name
         for gpu in costs.PUBLISHED_ACCELERATORS.values():
             assert c.intensity < gpu.balance / 50, (spec.name, gpu.name)
-        assert costs.prefill_cost(spec, 4096).intensity > 300  # prefill: above every published balance
-    # measured on this machine, side by side: decode attention reaches a small share of the matmul rate
+        assert costs.prefill_cost(spec, n).intensity > 300  # prefill: above every published balance
+    # on this machine: the counted intensity of decode attention is below the measured balance (the roofline's
+    # definition); the measured share of the streaming bandwidth is in the statement, not asserted
     verdict = costs.memory_bound_verdict(costs.measure_roofline())
     assert verdict.memory_bound, verdict.statement
 
@@ -202,8 +204,8 @@ def test_claim_28_what_a_window_loses_and_what_sinks_change_measured(streaming_r
     assert S["full cache"][far] > S["recompute last 32"][far] + 1.0
     # the window alone does not collapse on this model: within 0.02 nats of the recomputation baseline, and
     # sinks (4 more slots, or 4 of the same 32 slots) change nothing measurable
-    labels = ["window 32, 0 sinks", "window 32, 1 sink", "window 32, 2 sinks", "window 32, 4 sinks", "window 28, 4 sinks"]
-    for label in labels:
+    for label in ("window 32, 0 sinks", "window 32, 1 sink", "window 32, 2 sinks", "window 32, 4 sinks",
+                  "window 28, 4 sinks"):
         assert abs(S[label][far] - S["recompute last 32"][far]) < 0.02, label
     # ... because no head of it parks weight on the first token in training conditions (no sink to lose)
     assert np.max(result.sink_weight) < 3 * result.sink_uniform
