@@ -117,3 +117,38 @@ def test_decode_speed_figure_traces_hold_the_timings():
     assert len(one.data) == 1 and "cached / uncached" not in one.data[0].hovertemplate
     with pytest.raises(TypeError, match="result must be a DecodeTiming"):
         decode_speed_figure([1, 2])
+
+
+def test_kv_cache_readout_states_the_cache_computed_by_hand():
+    from selfattn.inference.costs import PUBLISHED_SPECS
+    from selfattn.viz.inference import kv_cache_readout
+
+    text = kv_cache_readout(PUBLISHED_SPECS["Llama 3.1 8B"], 8, 8192, 4, 2)
+    per_token = 2 * 32 * 8 * 128 * 2  # 131,072 bytes
+    assert f"{per_token:,} bytes per token" in text
+    assert f"{per_token * 8192 * 4 / 2**30:,.2f} GiB" in text  # 4.00 GiB
+    assert f"{per_token * 4 * 8192 * 4 / 2**30:,.2f} GiB (4x)" in text  # 32 KV heads: 16.00 GiB
+    windowed = kv_cache_readout(PUBLISHED_SPECS["Mistral 7B"], 8, 8192, 1, 2)
+    assert "its window keeps 4,096 of them" in windowed and "0.50 GiB" in windowed
+    with pytest.raises(ValueError):
+        kv_cache_readout(PUBLISHED_SPECS["Llama 3.1 8B"], 5, 8192, 1, 2)  # 5 does not divide 32
+    with pytest.raises(ValueError, match="max_context"):
+        kv_cache_readout(PUBLISHED_SPECS["GPT-2 small"], 12, 2048, 1, 2)
+
+
+def test_kv_cache_calculator_widget_follows_its_controls():
+    from selfattn.viz.inference import CACHE_FORMATS, kv_cache_calculator_widget
+
+    box = kv_cache_calculator_widget("Llama 3.1 70B")
+    model, heads, context, batch, fmt, readout = box.children
+    assert heads.options == (1, 2, 4, 8, 16, 32, 64) and heads.value == 8 and context.value == 8192
+    assert "327,680 bytes per token" in readout.value  # 2 x 80 x 8 x 128 x 2
+    heads.value = 64
+    assert f"{2 * 80 * 64 * 128 * 2:,} bytes per token" in readout.value
+    fmt.value = "4-bit"
+    assert f"{2 * 80 * 64 * 128 // 2:,} bytes per token" in readout.value and CACHE_FORMATS["4-bit"] == 0.5
+    model.value = "GPT-2 small"  # the other controls follow the model: its heads and its 1,024 positions
+    assert heads.value == 12 and context.options[-1] == 1024 and context.value == 1024
+    assert f"{2 * 12 * 12 * 64 // 2:,} bytes per token" in readout.value
+    with pytest.raises(ValueError, match="model must be one of"):
+        kv_cache_calculator_widget("GPT-5")

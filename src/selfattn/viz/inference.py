@@ -23,7 +23,8 @@ from ..inference.costs import PUBLISHED_ACCELERATORS, Accelerator, KVCacheRow, R
 from ..inference.decode_timing import DecodeTiming
 from . import describe
 
-__all__ = ["kv_cache_figure", "roofline_figure", "decode_speed_figure"]
+__all__ = ["kv_cache_figure", "roofline_figure", "decode_speed_figure", "kv_cache_readout",
+           "kv_cache_calculator_widget", "CACHE_FORMATS"]
 
 # Okabe-Ito colours: distinct for colour-blind readers; dashes tell the series apart in grayscale.
 _COLOURS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"]
@@ -202,3 +203,109 @@ def decode_speed_figure(result: DecodeTiming) -> go.Figure:
         text += (f"; with the cache the model is {speedup[0]:.2g}x as fast at context {result.context_lengths[0]} and "
                  f"{speedup[-1]:.2g}x at {result.context_lengths[-1]}")
     return describe(fig, text + ".")
+
+
+# --------------------------------------------------------------------------------------------------
+# KV-cache calculator (live explorer; its static counterparts are kv_cache_figure and the chapter's table)
+# --------------------------------------------------------------------------------------------------
+
+#: Bytes per cached number for the calculator's formats.
+CACHE_FORMATS = {"float32": 4, "bfloat16 / float16": 2, "8-bit": 1, "4-bit": 0.5}
+
+#: Memory of one H100 (80 GiB), the yardstick of the calculator's readout.
+H100_BYTES = 80 * 2**30
+
+
+def kv_cache_readout(spec, n_kv_heads: int, n_tokens: int, batch: int, bytes_per_number: float) -> str:
+    """The calculator's readout for ``spec`` with ``n_kv_heads`` key/value heads: HTML of four lines.
+
+    Bytes per token (``2 x n_layers x n_kv_heads x d_head x bytes``), the cache of ``batch``
+    sequences of ``n_tokens`` tokens (capped at the model's sliding window), the same with one
+    key/value head per query head, and the share of an H100's 80 GiB.
+
+    Raises:
+        TypeError / ValueError: as :class:`~selfattn.inference.costs.ModelSpec` (``n_kv_heads`` must
+        divide ``n_heads``) and :func:`~selfattn.inference.costs.kv_cache_bytes` (``n_tokens`` past
+        the model's ``max_context``).
+
+    Source: chapter 11 (claim 25).
+    """
+    from dataclasses import replace
+
+    from ..inference.costs import kv_cache_bytes
+
+    grouped = replace(spec, n_kv_heads=n_kv_heads)
+    per_token = kv_cache_bytes(grouped, 1, bytes_per_number=bytes_per_number)
+    total = kv_cache_bytes(grouped, n_tokens, batch=batch, bytes_per_number=bytes_per_number)
+    mha = kv_cache_bytes(replace(spec, n_kv_heads=spec.n_heads), n_tokens, batch=batch,
+                         bytes_per_number=bytes_per_number)
+    held = grouped.cached_tokens(n_tokens)
+    window = f" (its window keeps {held:,} of them)" if held < n_tokens else ""
+    return (f"<b>{spec.name}</b>, {n_kv_heads} of {spec.n_heads} key/value heads: "
+            f"{per_token:,} bytes per token<br>"
+            f"{batch} sequence(s) of {n_tokens:,} tokens{window}: <b>{total / 2**30:,.2f} GiB</b> of cache<br>"
+            f"with one key/value head per query head: {mha / 2**30:,.2f} GiB ({spec.n_heads // n_kv_heads}x)<br>"
+            f"{total / H100_BYTES:.0%} of an H100's 80 GiB")
+
+
+def kv_cache_calculator_widget(model: str = "Llama 3.1 8B"):
+    """Live KV-cache calculator (needs a running kernel): pick a published model, its number of
+    key/value heads, the context, the batch and the number format; the readout shows the cache.
+
+    Returns:
+        An ``ipywidgets.VBox``: ``children[0]`` the model dropdown, ``children[1]`` the key/value heads
+        dropdown (the divisors of the model's n_heads), ``children[2]`` the context slider (powers of
+        two up to the model's max_context), ``children[3]`` the batch slider, ``children[4]`` the
+        format dropdown, ``children[5]`` the HTML readout (:func:`kv_cache_readout`).
+
+    Raises:
+        ValueError: ``model`` not a key of :data:`selfattn.inference.costs.PUBLISHED_SPECS`.
+
+    Source: chapter 11.
+    """
+    import ipywidgets as widgets
+
+    from ..inference.costs import PUBLISHED_SPECS
+
+    if model not in PUBLISHED_SPECS:
+        raise ValueError(f"model must be one of {sorted(PUBLISHED_SPECS)}; got {model!r}")
+
+    def contexts(spec) -> list[int]:
+        top = spec.max_context or 2**17
+        return [2**k for k in range(7, 18) if 2**k <= top]
+
+    def divisors(spec) -> list[int]:
+        return [d for d in range(1, spec.n_heads + 1) if spec.n_heads % d == 0]
+
+    spec = PUBLISHED_SPECS[model]
+    model_box = widgets.Dropdown(options=list(PUBLISHED_SPECS), value=model, description="model")
+    heads_box = widgets.Dropdown(options=divisors(spec), value=spec.n_kv_heads, description="KV heads")
+    context = widgets.SelectionSlider(options=contexts(spec), value=min(8192, contexts(spec)[-1]), description="tokens")
+    batch = widgets.IntSlider(value=1, min=1, max=256, description="batch")
+    fmt = widgets.Dropdown(options=list(CACHE_FORMATS), value="bfloat16 / float16", description="format")
+    readout = widgets.HTML()
+    switching = []  # non-empty while new_model resets the other controls (each reset fires update)
+
+    def update(*_):
+        if switching:
+            return
+        s = PUBLISHED_SPECS[model_box.value]
+        readout.value = kv_cache_readout(s, heads_box.value, context.value, batch.value, CACHE_FORMATS[fmt.value])
+
+    def new_model(change):
+        s = PUBLISHED_SPECS[change["new"]]
+        switching.append(True)
+        try:
+            heads_box.options = divisors(s)
+            heads_box.value = s.n_kv_heads
+            context.options = contexts(s)
+            context.value = min(8192, contexts(s)[-1])
+        finally:
+            switching.clear()
+        update()
+
+    model_box.observe(new_model, names="value")
+    for w in (heads_box, context, batch, fmt):
+        w.observe(update, names="value")
+    update()
+    return widgets.VBox([model_box, heads_box, context, batch, fmt, readout])

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
+import plotly.colors
 import plotly.graph_objects as go
 import torch
 
@@ -127,16 +128,17 @@ def ring_buffer_figure(window: int = 6, n_sinks: int = 2, n_steps: int = 15) -> 
     for t in range(n_steps):
         kind[t, int(np.flatnonzero(slots[t] == t)[0])] = 2.0  # the slot written at step t
     text = [[("" if p < 0 else str(p)) for p in row] for row in slots]
-    colours = [[0.0, "#E69F00"], [0.33, "#E69F00"], [0.34, "#56B4E9"], [0.66, "#56B4E9"], [0.67, "#D55E00"],
-               [1.0, "#D55E00"]]
+    # Three stops of Viridis, in its order (readable in grayscale and by colour-blind readers)
+    sink_c, window_c, new_c = (plotly.colors.sequential.Viridis[i] for i in (2, 6, 9))
+    colours = [[0.0, sink_c], [0.33, sink_c], [0.34, window_c], [0.66, window_c], [0.67, new_c], [1.0, new_c]]
     hover = [[("empty" if p < 0 else f"slot {j}: text position {p}" + (" (sink)" if j < n_sinks else ""))
               for j, p in enumerate(row)] for row in slots]
     fig = go.Figure(go.Heatmap(z=kind, x=[f"{'sink' if j < n_sinks else 'slot'} {j}" for j in range(C)],
                                y=[f"after token {t}" for t in range(n_steps)], text=text, texttemplate="%{text}",
                                customdata=hover, hovertemplate="%{customdata}<extra></extra>", zmin=0, zmax=2,
                                colorscale=colours, showscale=False, xgap=2, ygap=2))
-    fig.update_layout(title=f"Ring buffer of {C} slots: {n_sinks} sink{'s' if n_sinks != 1 else ''} (orange), window "
-                            f"{window} (blue), the slot just written (red)",
+    fig.update_layout(title=f"Ring buffer of {C} slots: {n_sinks} sink{'s' if n_sinks != 1 else ''} (dark blue), window "
+                            f"{window} (green), the slot just written (yellow)",
                       template="plotly_white", height=max(320, 28 * n_steps + 120), autosize=True,
                       yaxis={"autorange": "reversed"}, xaxis={"side": "top"})
     last = slots[-1]
