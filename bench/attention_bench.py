@@ -34,7 +34,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse
 import datetime as dt
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -43,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from bench_machine import cpu_name  # bench/, the folder of this script
 
 import selfattn
 from selfattn import ref
@@ -282,7 +282,7 @@ def main(argv=None):
     print(f"float32 matmul, best of start and end: {peak:.1f} GFLOP/s", file=sys.stderr, flush=True)
     memory = measure_memory(memory_sizes, budget, numpy_max_T)
     today = dt.date.today().isoformat()
-    meta = {"date": today, "cpu": _cpu_name(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    meta = {"date": today, "cpu": cpu_name(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "numpy": np.__version__, "load": f"{load_start[0]:.1f} at start, {os.getloadavg()[0]:.1f} at the end",
             "budget_gib": budget / GIB, "numpy_max_T": numpy_max_T, "matmul_n": matmul_n}
     table = render(times, memory, time_sizes, memory_sizes, peak, meta)
@@ -296,15 +296,6 @@ def main(argv=None):
                   "memory_bytes": [{"impl": i, "T": T, "causal": c, "value": v} for (i, T, c), v in memory.items()]}
         out.with_suffix(".json").write_text(json.dumps(record, indent=1))
         print(f"wrote {out} and {out.with_suffix('.json')}", file=sys.stderr)
-
-
-def _cpu_name() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
-    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
 
 
 if __name__ == "__main__":

@@ -32,11 +32,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse
 import datetime as dt
 import json
-import platform
 import sys
 from pathlib import Path
 
 import torch
+from bench_machine import cpu_name, vector_isa  # bench/, the folder of this script
 
 from selfattn.inference.costs import (
     PUBLISHED_ACCELERATORS,
@@ -52,28 +52,6 @@ from selfattn.inference.decode_timing import capstone_sized_gpt, time_decode
 CONTEXTS = (64, 128, 256, 512, 1024, 2048, 4096)
 QUICK_CONTEXTS = (64, 256, 1024)
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _cpu_name() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
-    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
-
-
-def _vector_isa() -> str:
-    """The widest x86 vector extensions the CPU reports (what the float32 kernels can use)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.exists():
-        return "unknown"
-    for line in cpuinfo.read_text().splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            found = [f for f in ("avx512f", "avx512_bf16", "avx512_vnni", "avx2", "fma", "neon") if f in flags]
-            return ", ".join(found) or "none of avx2/avx512f"
-    return "unknown"
 
 
 def _mib(n_bytes) -> str:
@@ -140,7 +118,7 @@ def main(argv=None):
     verdict = memory_bound_verdict(roof)
     today = dt.date.today().isoformat()
     c = model.config
-    meta = {"date": today, "cpu": _cpu_name(), "isa": _vector_isa(), "threads": torch.get_num_threads(),
+    meta = {"date": today, "cpu": cpu_name(), "isa": vector_isa(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "load": f"{load_start[0]:.1f} at start, {os.getloadavg()[0]:.1f} at the end",
             "model": f"d_model {c.d_model}, {c.n_heads} heads, {c.n_layers} layers, d_ff {c.d_ff}, {c.positions}, "

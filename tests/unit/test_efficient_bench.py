@@ -1,4 +1,4 @@
-"""bench/attention_bench.py runs end to end in --quick mode and prints both tables (no timing is
+"""bench/attention_bench.py and bench/decode_bench.py run end to end in --quick mode and print their tables (no timing is
 asserted: speed is measured by the bench itself, never by a test)."""
 
 import subprocess
@@ -35,3 +35,17 @@ def test_gpu_check_says_clearly_when_there_is_no_gpu():
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "no CUDA GPU" in run.stdout
+
+
+@pytest.mark.slow
+def test_decode_bench_quick_prints_its_tables_and_names_the_machine():
+    script = BENCH.parent / "decode_bench.py"
+    run = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
+    assert "vector ISA" in out and "cores)" in out  # the header names the CPU class the ratios hold for
+    assert "| context L | cached tok/s | uncached tok/s | cached / uncached |" in out
+    rows = [line for line in out.splitlines() if line.split("|")[1:2] in ([" 64 "], [" 256 "], [" 1024 "])]
+    assert len(rows) == 3
+    assert "## Roofline of this machine" in out and "memory-bound by the roofline" in out
+    assert "| Llama 3.1 8B | 1.10 | 4096 |" in out  # counted, not timed: the same on every machine
