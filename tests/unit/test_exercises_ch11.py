@@ -66,6 +66,7 @@ def test_merge_mistakes_are_named():
         "rescale each by exp(m_chunk - m_new)":
             lambda m_a, l_a, acc_a, m_b, l_b, acc_b: (torch.maximum(m_a, m_b), l_a + l_b, acc_a + acc_b),
         "goes the other way": lambda *a: merge(*a, direction=-1),
+        "normalised context": lambda *a: (lambda m, l, acc: (m, l, acc / l[:, None]))(*merge(*a)),
         "Return the triple": lambda *a: merge(*a)[:2],
         "merged max": lambda m_a, l_a, acc_a, m_b, l_b, acc_b: (torch.minimum(m_a, m_b),) + merge(
             m_a, l_a, acc_a, m_b, l_b, acc_b)[1:],
@@ -81,6 +82,8 @@ def test_top_p_mistakes_are_named():
         "vocabulary order": lambda probs, p: (torch.cumsum(probs, 0) - probs) < p,
         "Treat p >= 1 as keeping every token": lambda probs, p: top_p_keep(probs, p, all_at_one=False),
         "one boolean per token": lambda probs, p: torch.ones(3, dtype=torch.bool),
+        "Return a boolean tensor": lambda probs, p: top_p_keep(probs, p).float(),
+        "in sorted order": lambda probs, p: torch.arange(len(probs)) < int(top_p_keep(probs, p).sum()),
         "the top-p set is the tokens": lambda probs, p: probs > 0.2,
     }
     for words, fn in cases.items():

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import call_learner, checker, compare_arrays, failed, not_attempted, passed, to_numpy
+from . import bool_mask_problem, call_learner, checker, compare_arrays, failed, not_attempted, passed, to_numpy
 from .ch08 import _is_empty_stub
 
 __all__ = ["check_kv_cache_bytes", "check_merge_partials", "check_top_p_keep"]
@@ -106,6 +106,13 @@ def check_merge_partials(fn):
     if got[1] is not None and got[1].shape == (T,) and np.isnan(got[1][3]):
         return failed(_EX2, "Row 3 sees no key in either chunk (both maxima are -inf), and your merge gave "
                       "NaN there: exp(-inf - (-inf)) is NaN. Keep such a row empty: max -inf, sum 0, accumulator 0.")
+    if got[2] is not None and got[2].shape == expected[2].shape:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            normalised = expected[2] / expected[1][:, None]
+        rows = slice(0, 3)  # the rows that see a key
+        if np.allclose(got[2][rows], normalised[rows], atol=1e-10):
+            return failed(_EX2, "Your acc is the normalised context (acc / l): keep the accumulator unnormalised, "
+                          "sum_j e^(s_j - m) v_j, so that it can be merged again; divide by l only once, at the end.")
     got_m, e_m = got[0], expected[0]
     finite = np.isfinite(e_m)
     if (got_m is None or got_m.shape != e_m.shape or not np.array_equal(np.isneginf(got_m), ~finite)
@@ -138,9 +145,17 @@ def check_top_p_keep(fn):
         if arr is None or arr.shape != expected.shape:
             return failed(_EX3, f"Return one boolean per token, shape {expected.shape}; got "
                           f"{getattr(got, 'shape', type(got).__name__)}.")
+        problem = bool_mask_problem(got)
+        if problem is not None:
+            return failed(_EX3, f"Return a boolean tensor, True for the tokens kept: {problem}")
         keep = arr.astype(bool)
         if np.array_equal(keep, expected):
             continue
+        in_sorted_order = np.zeros(len(probs), dtype=bool)
+        in_sorted_order[: int(expected.sum())] = True
+        if np.array_equal(keep, in_sorted_order):
+            return failed(_EX3, "Your mask is in sorted order (True for the first positions after sorting); map it "
+                          "back to the vocabulary with the indices the sort returns.")
         excluding = np.zeros(len(probs), dtype=bool)
         excluding[order[np.cumsum(probs[order]) < p]] = True
         if np.array_equal(keep, excluding):

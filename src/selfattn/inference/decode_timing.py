@@ -7,9 +7,9 @@ the model and reads the cached keys and values; without it a step recomputes the
 tokens are the same, tested), with a clock around each step and the prefill left out of the cached
 timing: it is paid once per prompt, not per token.
 
-Timings are reported as numbers and figures, never asserted (DESIGN.md, "Time budgets").
+Timings are reported as numbers and figures, never asserted: a busy machine must not break a test.
 
-Source: chapter 10 (the cache), chapter 12 (the model); chapter 11.
+Source: chapter 10 (the cache), chapter 13 (the model); chapter 11.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ..models.gpt import GPT, GPTConfig
 
 __all__ = ["CAPSTONE_SIZES", "capstone_sized_gpt", "DecodeTiming", "time_decode"]
 
-#: The sizes of chapter 12's capstone model (notebooks/12_capstone_gpt.ipynb); its vocabulary is the
+#: The sizes of chapter 13's capstone model (notebooks/13_capstone_gpt.ipynb); its vocabulary is the
 #: 94 characters of the course's corpus.
 CAPSTONE_SIZES = {"vocab_size": 94, "block_size": 64, "d_model": 64, "n_heads": 4, "n_layers": 2, "d_ff": 256,
                   "positions": "rope"}
