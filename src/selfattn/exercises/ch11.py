@@ -16,7 +16,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import bool_mask_problem, call_learner, checker, compare_arrays, failed, not_attempted, passed, to_numpy
+from . import (
+    bool_mask_problem,
+    call_learner,
+    checker,
+    compare_arrays,
+    failed,
+    not_attempted,
+    passed,
+    to_numpy,
+)
 from .ch08 import _is_empty_stub
 
 __all__ = ["check_kv_cache_bytes", "check_merge_partials", "check_top_p_keep"]
