@@ -103,6 +103,16 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x[:, :, None].expand(B, H_kv, n_rep, S, Dh).reshape(B, H_kv * n_rep, S, Dh)
 
 
+def _as_python_number(value):
+    """A Python int for an integral value (NumPy ints and floats included), else a Python float, so that
+    sizes are computed exactly, never in a NumPy scalar's dtype (np.float16 rounds 4098 to 4096, np.int8
+    overflows)."""
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    value = float(value)
+    return int(value) if value.is_integer() else value
+
+
 def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, d_head: int, bytes_per_number: int | float) -> int:
     """Bytes of KV cache per token: ``2 x n_layers x n_kv_heads x d_head x bytes_per_number``.
 
@@ -122,6 +132,7 @@ def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, d_head: int, bytes_
         raise TypeError(f"bytes_per_number must be a number > 0; got {bytes_per_number!r}")
     if not (math.isfinite(bytes_per_number) and bytes_per_number > 0):
         raise ValueError(f"bytes_per_number must be a finite number > 0; got {bytes_per_number!r}")
+    bytes_per_number = _as_python_number(bytes_per_number)  # never compute in a NumPy dtype (float16 rounds)
     total = 2 * n_layers * n_kv_heads * d_head * bytes_per_number
     if total != int(total):
         raise ValueError(f"2 x n_layers x n_kv_heads x d_head x bytes_per_number must be whole bytes; got {total}")

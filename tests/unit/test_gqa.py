@@ -126,3 +126,12 @@ def test_gradients_flow_to_every_parameter():
 def test_bad_input_raises_naming_the_argument(make, error, match):
     with pytest.raises(error, match=match.replace("(", r"\(").replace(")", r"\)")):
         make()
+
+
+@pytest.mark.parametrize(
+    ("bpn", "expected"), [(np.float16(1), 4098), (np.int8(2), 8196), (np.float32(0.5), 2049), (np.int64(4), 16392)]
+)
+def test_kv_cache_bytes_per_token_with_numpy_bytes_per_number_is_exact(bpn, expected):
+    """np.float16(1) computed in float16 (4098 rounded to 4096); np.int8(2) overflowed (OverflowError)."""
+    got = kv_cache_bytes_per_token(1, 1, 2049, bpn)
+    assert got == expected and type(got) is int
