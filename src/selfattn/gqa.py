@@ -66,7 +66,7 @@ class GQAConfig:
     def __post_init__(self):
         # d_model, n_heads, bias and dropout: the checks (and messages) of multi-head attention
         MHAConfig(self.d_model, self.n_heads, bias=self.bias, dropout=self.dropout)
-        require_positive_int("n_kv_heads", self.n_kv_heads)
+        object.__setattr__(self, "n_kv_heads", require_positive_int("n_kv_heads", self.n_kv_heads))
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads} "
@@ -173,11 +173,19 @@ class GroupedQueryAttention(nn.Module):
         for name, width in (("b_Q", D), ("b_K", D_kv), ("b_V", D_kv), ("b_O", D)):
             self.register_parameter(name, nn.Parameter(torch.zeros(width)) if config.bias else None)
 
-    def _check(self, name: str, x, layout: str) -> None:
+    def _check(self, name: str, x, layout: str, n_positions: str | None = None) -> None:
+        """``x`` a (B, N, D) tensor of the module's dtype; with ``n_positions`` (the name of N), N > 0."""
         require_tensor(name, x)
         require_rank(name, x, 3, layout)
         if x.shape[-1] != self.config.d_model:
             raise ValueError(f"{name} must have last dim d_model={self.config.d_model}; got shape {shape_of(x)}")
+        if n_positions is not None and x.shape[1] == 0:
+            raise ValueError(f"{name} must hold at least one position ({n_positions} > 0); got shape {shape_of(x)}")
+        if not x.dtype.is_floating_point:
+            raise TypeError(
+                f"{name} must be a floating tensor of the module's dtype, {self.W_Q.dtype}; got dtype {x.dtype}. "
+                f"Convert it with {name}.to({self.W_Q.dtype})"
+            )
         require_dtype(name, x, self.W_Q.dtype)
 
     @staticmethod
@@ -195,10 +203,19 @@ class GroupedQueryAttention(nn.Module):
 
     def forward(self, x_q: torch.Tensor, x_kv: torch.Tensor | None = None, mask: torch.Tensor | None = None, *,
                 bias: torch.Tensor | None = None, return_weights: bool = False):
-        """Attend from ``x_q`` (B, T, D) to ``x_kv`` (B, S, D); self-attention when ``x_kv`` is None."""
+        """Attend from ``x_q`` (B, T, D) to ``x_kv`` (B, S, D); self-attention when ``x_kv`` is None.
+
+        Raises:
+            TypeError / ValueError: ``x_q`` or ``x_kv`` not a (B, T, D) / (B, S, D) floating tensor
+            of the module's dtype with T > 0 and S > 0, different batch sizes; a bad ``mask`` or
+            ``bias`` (as :func:`selfattn.scaled_dot_product_attention`); ``return_weights`` not a bool.
+        """
         return_weights = require_flag("return_weights", return_weights)
-        x_kv = x_q if x_kv is None else x_kv
-        self._check("x_q", x_q, "(B, T, D)")
+        self._check("x_q", x_q, "(B, T, D)", "T")
+        if x_kv is None:
+            x_kv = x_q
+        else:
+            self._check("x_kv", x_kv, "(B, S, D)", "S")  # its rank first, then the batch sizes
         if x_kv.shape[0] != x_q.shape[0]:
             raise ValueError(f"x_q and x_kv must have the same batch size B; got {shape_of(x_q)} and {shape_of(x_kv)}")
         Q = split_heads(self._linear(x_q, self.W_Q, self.b_Q), self.config.n_heads)  # (B, H, T, Dh)
