@@ -66,7 +66,7 @@ class GQAConfig:
     def __post_init__(self):
         # d_model, n_heads, bias and dropout: the checks (and messages) of multi-head attention
         MHAConfig(self.d_model, self.n_heads, bias=self.bias, dropout=self.dropout)
-        require_positive_int("n_kv_heads", self.n_kv_heads)
+        object.__setattr__(self, "n_kv_heads", require_positive_int("n_kv_heads", self.n_kv_heads))
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads} "
@@ -103,6 +103,16 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x[:, :, None].expand(B, H_kv, n_rep, S, Dh).reshape(B, H_kv * n_rep, S, Dh)
 
 
+def _as_python_number(value):
+    """A Python int for an integral value (NumPy ints and floats included), else a Python float, so that
+    sizes are computed exactly, never in a NumPy scalar's dtype (np.float16 rounds 4098 to 4096, np.int8
+    overflows)."""
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    value = float(value)
+    return int(value) if value.is_integer() else value
+
+
 def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, d_head: int, bytes_per_number: int | float) -> int:
     """Bytes of KV cache per token: ``2 x n_layers x n_kv_heads x d_head x bytes_per_number``.
 
@@ -122,6 +132,7 @@ def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, d_head: int, bytes_
         raise TypeError(f"bytes_per_number must be a number > 0; got {bytes_per_number!r}")
     if not (math.isfinite(bytes_per_number) and bytes_per_number > 0):
         raise ValueError(f"bytes_per_number must be a finite number > 0; got {bytes_per_number!r}")
+    bytes_per_number = _as_python_number(bytes_per_number)  # never compute in a NumPy dtype (float16 rounds)
     total = 2 * n_layers * n_kv_heads * d_head * bytes_per_number
     if total != int(total):
         raise ValueError(f"2 x n_layers x n_kv_heads x d_head x bytes_per_number must be whole bytes; got {total}")
@@ -162,11 +173,19 @@ class GroupedQueryAttention(nn.Module):
         for name, width in (("b_Q", D), ("b_K", D_kv), ("b_V", D_kv), ("b_O", D)):
             self.register_parameter(name, nn.Parameter(torch.zeros(width)) if config.bias else None)
 
-    def _check(self, name: str, x, layout: str) -> None:
+    def _check(self, name: str, x, layout: str, n_positions: str | None = None) -> None:
+        """``x`` a (B, N, D) tensor of the module's dtype; with ``n_positions`` (the name of N), N > 0."""
         require_tensor(name, x)
         require_rank(name, x, 3, layout)
         if x.shape[-1] != self.config.d_model:
             raise ValueError(f"{name} must have last dim d_model={self.config.d_model}; got shape {shape_of(x)}")
+        if n_positions is not None and x.shape[1] == 0:
+            raise ValueError(f"{name} must hold at least one position ({n_positions} > 0); got shape {shape_of(x)}")
+        if not x.dtype.is_floating_point:
+            raise TypeError(
+                f"{name} must be a floating tensor of the module's dtype, {self.W_Q.dtype}; got dtype {x.dtype}. "
+                f"Convert it with {name}.to({self.W_Q.dtype})"
+            )
         require_dtype(name, x, self.W_Q.dtype)
 
     @staticmethod
@@ -184,10 +203,19 @@ class GroupedQueryAttention(nn.Module):
 
     def forward(self, x_q: torch.Tensor, x_kv: torch.Tensor | None = None, mask: torch.Tensor | None = None, *,
                 bias: torch.Tensor | None = None, return_weights: bool = False):
-        """Attend from ``x_q`` (B, T, D) to ``x_kv`` (B, S, D); self-attention when ``x_kv`` is None."""
+        """Attend from ``x_q`` (B, T, D) to ``x_kv`` (B, S, D); self-attention when ``x_kv`` is None.
+
+        Raises:
+            TypeError / ValueError: ``x_q`` or ``x_kv`` not a (B, T, D) / (B, S, D) floating tensor
+            of the module's dtype with T > 0 and S > 0, different batch sizes; a bad ``mask`` or
+            ``bias`` (as :func:`selfattn.scaled_dot_product_attention`); ``return_weights`` not a bool.
+        """
         return_weights = require_flag("return_weights", return_weights)
-        x_kv = x_q if x_kv is None else x_kv
-        self._check("x_q", x_q, "(B, T, D)")
+        self._check("x_q", x_q, "(B, T, D)", "T")
+        if x_kv is None:
+            x_kv = x_q
+        else:
+            self._check("x_kv", x_kv, "(B, S, D)", "S")  # its rank first, then the batch sizes
         if x_kv.shape[0] != x_q.shape[0]:
             raise ValueError(f"x_q and x_kv must have the same batch size B; got {shape_of(x_q)} and {shape_of(x_kv)}")
         Q = split_heads(self._linear(x_q, self.W_Q, self.b_Q), self.config.n_heads)  # (B, H, T, Dh)

@@ -23,7 +23,7 @@ import math
 import numpy as np
 import torch
 
-from ._validate import require_flag, require_rank, require_tensor
+from ._validate import require_flag, require_rank, require_tensor, shape_of
 
 __all__ = ["filter_logits", "sample"]
 
@@ -50,10 +50,42 @@ def _require_top_p(top_p):
 
 def _require_temperature(temperature) -> float:
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.integer, np.floating)):
-        raise TypeError(f"temperature must be a finite number > 0; got {temperature!r}")
+        raise TypeError(f"temperature must be a finite number > 0; got {temperature!r} ({type(temperature).__name__})")
     if not (0 < temperature < math.inf):
         raise ValueError(f"temperature must be a finite number > 0; got {temperature!r}")
     return float(temperature)
+
+
+def _require_generator(generator):
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"generator must be a torch.Generator or None; got {generator!r} ({type(generator).__name__}). "
+            "For a seed, pass torch.Generator().manual_seed(seed)"
+        )
+    return generator
+
+
+def _require_logits(logits) -> None:
+    """logits: a (B, V) floating tensor, V > 0, no NaN, no +inf, at least one finite entry per row."""
+    require_tensor("logits", logits)
+    require_rank("logits", logits, 2, "(B, V)")
+    if not logits.dtype.is_floating_point:
+        raise TypeError(f"logits must be a floating tensor; got dtype {logits.dtype}")
+    if logits.shape[-1] == 0:
+        raise ValueError(f"logits must hold at least one token (V > 0); got shape {shape_of(logits)}")
+    n_nan, n_inf = int(torch.isnan(logits).sum()), int((logits == math.inf).sum())
+    if n_nan or n_inf:
+        raise ValueError(
+            f"logits must not hold NaN or +inf; got {n_nan} NaN and {n_inf} +inf in a tensor of shape "
+            f"{shape_of(logits)}"
+        )
+    no_finite = ~torch.isfinite(logits).any(dim=-1)  # (B,)
+    if bool(no_finite.any()):
+        rows = torch.nonzero(no_finite).flatten().tolist()
+        raise ValueError(
+            "every row of logits needs at least one finite entry (a token that can be chosen); got rows "
+            f"{rows[:5]}{'...' if len(rows) > 5 else ''} all -inf in a tensor of shape {shape_of(logits)}"
+        )
 
 
 def filter_logits(logits: torch.Tensor, *, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
@@ -65,26 +97,19 @@ def filter_logits(logits: torch.Tensor, *, top_k: int | None = None, top_p: floa
     given: a token must pass both. The most probable token always survives.
 
     Args:
-        logits: (B, V) floating, finite or -inf (at least one finite entry per row).
+        logits: (B, V) floating, V > 0, finite or -inf (at least one finite entry per row).
         top_k: k >= 1 or None. top_p: p in (0, 1] or None.
 
     Returns:
         (B, V), the dtype of ``logits``.
 
     Raises:
-        TypeError / ValueError: ``logits`` not a (B, V) floating tensor, NaN or +inf in it, a row
+        TypeError / ValueError: ``logits`` not a (B, V) floating tensor with V > 0, NaN or +inf in it, a row
         with no finite logit; a bad ``top_k`` or ``top_p``.
 
     Source: Fan et al. 2018 (top-k); Holtzman et al. 2020, section 3.1 (nucleus sampling); chapter 11.
     """
-    require_tensor("logits", logits)
-    require_rank("logits", logits, 2, "(B, V)")
-    if not logits.dtype.is_floating_point:
-        raise TypeError(f"logits must be a floating tensor; got dtype {logits.dtype}")
-    if bool(torch.isnan(logits).any()) or bool((logits == math.inf).any()):
-        raise ValueError("logits must not hold NaN or +inf")
-    if logits.shape[-1] and not bool(torch.isfinite(logits).any(dim=-1).all()):
-        raise ValueError("every row of logits needs at least one finite entry (a token that can be chosen)")
+    _require_logits(logits)
     top_k, top_p = _require_top_k(top_k), _require_top_p(top_p)
     keep = torch.ones_like(logits, dtype=torch.bool)  # (B, V)
     if top_k is not None and top_k < logits.shape[-1]:
@@ -117,18 +142,28 @@ def sample(
     top-k and top-p it is plain temperature sampling, drawing exactly as chapter 13 does.
 
     Raises:
-        TypeError / ValueError: bad ``logits`` (as :func:`filter_logits`), ``temperature`` not a finite
-        number > 0, bad ``top_k`` / ``top_p``, ``greedy`` not a bool.
+        TypeError / ValueError: bad ``logits`` (as :func:`filter_logits`, checked on every path,
+        greedy included), ``temperature`` not a finite number > 0, bad ``top_k`` / ``top_p`` (also
+        checked when greedy), ``greedy`` not a bool, ``generator`` not a torch.Generator or None.
+
+    The computation runs in the logits' dtype promoted to at least float32, after subtracting each
+    row's maximum, so any temperature > 0, however small, is safe (it tends to greedy).
 
     Source: chapter 13 (temperature); Holtzman et al. 2020 (top-p); chapter 11.
     """
     greedy = require_flag("greedy", greedy)
     temperature = _require_temperature(temperature)
-    require_tensor("logits", logits)
-    require_rank("logits", logits, 2, "(B, V)")
+    top_k, top_p = _require_top_k(top_k), _require_top_p(top_p)
+    generator = _require_generator(generator)
+    _require_logits(logits)  # on every path, greedy too: a NaN row has no most probable token
     if greedy:
         return logits.argmax(dim=-1, keepdim=True)  # (B, V) -> (B, 1)
-    scaled = logits.float() / temperature  # (B, V)
+    # In the logits' dtype, at least float32 (never lower: float64 logits 1e-6 apart stay apart).
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (B, V)
+    # Subtract each row's maximum first: the maximum becomes 0, the others <= 0 or -inf, so a tiny
+    # temperature gives -inf, never +inf or NaN, and tau -> 0 tends to greedy (softmax is unchanged).
+    x = x - x.max(dim=-1, keepdim=True).values  # (B, V)
+    scaled = torch.where(x == 0, x, x / temperature)  # 0 stays 0 even if tau rounds to 0 in this dtype
     if top_k is not None or top_p is not None:
         scaled = filter_logits(scaled, top_k=top_k, top_p=top_p)
     probs = torch.softmax(scaled, dim=-1)  # (B, V)

@@ -290,9 +290,11 @@ def test_empty_input_and_infinite_temperature_are_named_errors():
     for call in (lambda: model(empty), lambda: model.generate(empty, 2)):
         with pytest.raises(ValueError, match=r"input_ids must hold at least one token \(T > 0\); got shape \(1, 0\)"):
             call()
-    for bad in (math.inf, math.nan, True):
+    for bad in (math.inf, math.nan):
         with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
             model.generate(torch.tensor([[1, 2]]), 2, temperature=bad)
+    with pytest.raises(TypeError, match="temperature must be a finite number > 0"):  # a bool, as in sample()
+        model.generate(torch.tensor([[1, 2]]), 2, temperature=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -341,3 +343,40 @@ def test_generate_with_make_cache_kv_equals_the_default_and_bad_make_cache_is_re
         model.generate(prompt, 2, make_cache="window")
     with pytest.raises(TypeError, match=r"caches\[0\] must be a KVCache or a cache with plan\(\) and update\(\)"):
         model.forward_cached(prompt, [None, KVCache()])
+
+
+# --- generate's argument checks after the new-user probe (chapter 11) ---
+
+
+def test_generate_accepts_numpy_temperatures_like_sample():
+    """temperature=np.float32(0.7) was refused with 'must be a finite number > 0; got np.float32(0.7)'."""
+    import numpy as np
+
+    model, prompt = _model(), _ids(1, 4, 0)
+    a = model.generate(prompt, 3, temperature=np.float32(0.7), generator=torch.Generator().manual_seed(0))
+    b = model.generate(prompt, 3, temperature=float(np.float32(0.7)), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(a, b)
+
+
+def test_generate_bad_temperature_type_and_generator_are_type_errors():
+    model, prompt = _model(), _ids(1, 4, 0)
+    with pytest.raises(TypeError, match=r"temperature must be a finite number > 0; got 'hot' \(str\)"):
+        model.generate(prompt, 2, temperature="hot")
+    with pytest.raises(TypeError, match="generator must be a torch.Generator or None; got 42"):
+        model.generate(prompt, 2, generator=42)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_generate_with_nan_weights_raises_instead_of_returning_tokens(greedy):
+    """Greedy decoding of a model with NaN weights returned tokens (argmax of NaN logits) silently."""
+    model, prompt = _model(), _ids(1, 4, 0)
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    with pytest.raises(ValueError, match="logits must not hold NaN"):
+        model.generate(prompt, 2, greedy=greedy, generator=torch.Generator().manual_seed(0))
+
+
+def test_generate_with_a_tiny_temperature_is_greedy():
+    model, prompt = _model(), _ids(1, 4, 0)
+    greedy = model.generate(prompt, 6, greedy=True)
+    assert torch.equal(model.generate(prompt, 6, temperature=1e-39, generator=torch.Generator().manual_seed(1)), greedy)

@@ -126,3 +126,50 @@ def test_gradients_flow_to_every_parameter():
 def test_bad_input_raises_naming_the_argument(make, error, match):
     with pytest.raises(error, match=match.replace("(", r"\(").replace(")", r"\)")):
         make()
+
+
+@pytest.mark.parametrize(
+    ("bpn", "expected"), [(np.float16(1), 4098), (np.int8(2), 8196), (np.float32(0.5), 2049), (np.int64(4), 16392)]
+)
+def test_kv_cache_bytes_per_token_with_numpy_bytes_per_number_is_exact(bpn, expected):
+    """np.float16(1) computed in float16 (4098 rounded to 4096); np.int8(2) overflowed (OverflowError)."""
+    got = kv_cache_bytes_per_token(1, 1, 2049, bpn)
+    assert got == expected and type(got) is int
+
+
+# --- bad input found by the new-user probe (chapter 11) ---
+
+
+def _probe_gqa():
+    torch.manual_seed(0)
+    return GroupedQueryAttention(GQAConfig(d_model=32, n_heads=8, n_kv_heads=2))
+
+
+def test_x_kv_of_the_wrong_rank_is_named_before_the_batch_sizes():
+    """An x_kv of shape (5, 32) was reported as a batch-size mismatch."""
+    with pytest.raises(ValueError, match=r"x_kv must have shape \(B, S, D\) \(3 dims\); got shape \(5, 32\)"):
+        _probe_gqa()(torch.randn(2, 5, 32), torch.randn(5, 32))
+
+
+def test_no_query_or_no_key_position_is_named_by_its_input():
+    """T = 0 and S = 0 were reported in terms of the internal k and v ("k (2, 8, 0, 4)")."""
+    x = torch.randn(2, 5, 32)
+    with pytest.raises(ValueError, match=r"x_q must hold at least one position \(T > 0\); got shape \(2, 0, 32\)"):
+        _probe_gqa()(x[:, :0])
+    with pytest.raises(ValueError, match=r"x_kv must hold at least one position \(S > 0\); got shape \(2, 0, 32\)"):
+        _probe_gqa()(x, x[:, :0])
+
+
+@pytest.mark.parametrize("which", ["x_q", "x_kv"])
+def test_an_integer_input_is_told_to_be_floating(which):
+    """An integer x got the advice "or the module with .to(torch.int64)"."""
+    x = torch.randn(2, 5, 32)
+    args = (x.long(), x) if which == "x_q" else (x, x.long())
+    with pytest.raises(TypeError, match=rf"{which} must be a floating tensor of the module's dtype, torch.float32; "
+                                        r"got dtype torch.int64\. Convert it with") as info:
+        _probe_gqa()(*args)
+    assert "the module with" not in str(info.value)
+
+
+def test_gqa_config_stores_numpy_ints_as_ints():
+    assert type(GQAConfig(d_model=32, n_heads=8, n_kv_heads=np.int64(2)).n_kv_heads) is int

@@ -7,6 +7,7 @@ No assertion here depends on timing: measurements are checked for structure, uni
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ from selfattn.inference.costs import (
     GIB,
     PUBLISHED_ACCELERATORS,
     PUBLISHED_SPECS,
+    Accelerator,
     ModelSpec,
     RooflineMeasurement,
     _l3_cache_bytes,
@@ -331,7 +333,7 @@ def test_cost_functions_reject_bad_arguments_naming_them():
         decode_step_cost({}, 4)
     with pytest.raises(ValueError, match="context_lengths must hold at least one"):
         kv_cache_table([SMALL], [])
-    with pytest.raises(ValueError, match=r"context_lengths\[i\] must be > 0"):
+    with pytest.raises(ValueError, match=r"context_lengths\[1\] must be > 0"):
         kv_cache_table([SMALL], [4, 0])
     with pytest.raises(ValueError, match="whole number of bytes"):
         decode_step_cost(ModelSpec("odd", 1, 1, 1, 1, 1, 1, source="s", d_ff=1), 1, bytes_per_number=0.5)
@@ -505,3 +507,65 @@ def test_time_decode_rejects_bad_arguments():
     learned = GPT(GPTConfig(vocab_size=8, block_size=8, d_model=16, n_heads=2, positions="learned"))
     with pytest.raises(ValueError, match="exceeds the learned position table of 8 rows"):
         time_decode(learned, [6], n_new=2)
+
+
+# --- bad input found by the new-user probe (chapter 11) ---
+
+_LLAMA = PUBLISHED_SPECS["Llama 3.1 8B"]
+
+
+@pytest.mark.parametrize("bpn", [np.float16(2), np.int8(2), np.int64(2), np.float64(2)])
+def test_numpy_bytes_per_number_gives_the_python_answer(bpn):
+    """np.float16(2) overflowed with Llama (the product computed in float16); np.int8(2) raised OverflowError."""
+    got = kv_cache_bytes(_LLAMA, 131072, batch=4, bytes_per_number=bpn)
+    assert got == kv_cache_bytes(_LLAMA, 131072, batch=4, bytes_per_number=2) and type(got) is int
+    step = decode_step_cost(_LLAMA, 4096, batch=8, bytes_per_number=bpn)
+    assert step.bytes == decode_step_cost(_LLAMA, 4096, batch=8).bytes and type(step.bytes) is int
+    row = kv_cache_table([_LLAMA], (4096,), bytes_per_number=bpn)[0]
+    assert row.as_dict() == kv_cache_table([_LLAMA], (4096,))[0].as_dict()
+
+
+@pytest.mark.parametrize("bad", [math.nan, -1.0, 0.0, math.inf])
+@pytest.mark.parametrize("arg", ["flops_per_s", "bytes_per_s"])
+def test_accelerator_refuses_non_positive_or_non_finite_peaks(arg, bad):
+    kw = dict(name="x", flops_per_s=1e12, bytes_per_s=1e11, dtype="bfloat16", source="s")
+    kw[arg] = bad
+    with pytest.raises(ValueError, match=f"{arg} must be a finite number > 0; got"):
+        Accelerator(**kw)
+
+
+def test_accelerator_refuses_a_non_number_peak():
+    with pytest.raises(TypeError, match="flops_per_s must be a finite number > 0; got '1e12'"):
+        Accelerator("x", "1e12", 1e11, "bfloat16", "s")
+
+
+@pytest.mark.parametrize("bad", [math.nan, -5, math.inf])
+def test_attainable_refuses_a_bad_intensity(bad):
+    """attainable(nan) returned nan and attainable(-5) a negative FLOP rate."""
+    with pytest.raises(ValueError, match="intensity must be a finite number >= 0"):
+        PUBLISHED_ACCELERATORS["H100 SXM"].attainable(bad)
+    with pytest.raises(TypeError, match="intensity must be a finite number >= 0"):
+        PUBLISHED_ACCELERATORS["H100 SXM"].attainable("x")
+    assert PUBLISHED_ACCELERATORS["H100 SXM"].attainable(np.float64(0)) == 0.0
+
+
+def test_ffn_matrices_must_be_an_int():
+    """ffn_matrices=3.0 was accepted and made FLOP counts floats."""
+    with pytest.raises(TypeError, match=r"ffn_matrices must be the int 2 .* or 3 .*; got 3.0 \(float\)"):
+        ModelSpec("x", 2, 4, 2, 8, 2, 10, "s", ffn_matrices=3.0)
+    with pytest.raises(TypeError, match="ffn_matrices"):
+        ModelSpec("x", 2, 4, 2, 8, 2, 10, "s", ffn_matrices=True)
+    spec = ModelSpec("x", np.int64(2), 4, 2, 8, 2, 10, "s", ffn_matrices=np.int64(3))
+    assert type(spec.ffn_matrices) is int and type(spec.n_layers) is int
+
+
+@pytest.mark.parametrize("bad", [4096, "4096", {4096: 1}, None])
+def test_kv_cache_table_context_lengths_must_be_a_sequence(bad):
+    """context_lengths=4096 gave "'int' object is not iterable"."""
+    with pytest.raises(TypeError, match="context_lengths must be a sequence of positive ints"):
+        kv_cache_table(context_lengths=bad)
+
+
+def test_kv_cache_table_names_the_bad_context_length():
+    with pytest.raises(ValueError, match=r"context_lengths\[1\] must be > 0; got 0"):
+        kv_cache_table(context_lengths=(1024, 0))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -258,3 +259,53 @@ def test_simulation_errors():
         simulate_memory_utilisation([2.5], max_len=8)
     with pytest.raises(ValueError, match="min_len must be <= max_len=8"):
         simulate_memory_utilisation(max_len=8, min_len=9)
+
+
+# --- bad input found by the new-user probe (chapter 11) ---
+
+
+@pytest.mark.parametrize("bad", [[1.0], [True], ["1"], "1", {1}])
+def test_free_refuses_ids_that_are_not_ints(bad):
+    """free([1.0]) put 1.0 on the free list; free([True]) freed block 1."""
+    a = BlockAllocator(4)
+    a.allocate(2)
+    with pytest.raises(TypeError, match="ids"):
+        a.free(bad)
+    assert a.n_free == 2 and a.allocate(2) == [2, 3]  # nothing freed
+
+
+def test_free_accepts_numpy_ints():
+    a = BlockAllocator(4)
+    a.allocate(2)
+    a.free(np.array([1]))
+    a.free([np.int64(0)])
+    assert a.n_free == 4 and a.allocate(4) == [0, 1, 2, 3]
+
+
+def test_a_pool_too_large_is_a_clear_memory_error():
+    """n_blocks=10**12 gave a bare MemoryError (the free list) or torch's allocator message."""
+    with pytest.raises(MemoryError, match=r"n_blocks=1000000000000 x block_size=2 x n_kv_heads=2 x d_head=3 .* bytes"):
+        PagedKVCache(n_blocks=10**12, block_size=2, n_kv_heads=2, d_head=3)
+    with pytest.raises(MemoryError, match=r"n_blocks=1,000,000,000,000"):
+        BlockAllocator(10**12)
+
+
+@pytest.mark.parametrize("bad", [5, "abc", {10: 1}])
+def test_simulate_memory_utilisation_lengths_must_be_a_sequence(bad):
+    with pytest.raises(TypeError, match="lengths must be a sequence of positive ints"):
+        simulate_memory_utilisation(bad)
+
+
+@pytest.mark.parametrize(("bad", "error"), [(-1, ValueError), ("a", TypeError), (1.5, TypeError), (True, TypeError)])
+def test_simulate_memory_utilisation_seed_must_be_a_non_negative_int(bad, error):
+    with pytest.raises(error, match=r"seed must be an int >= 0"):
+        simulate_memory_utilisation(seed=bad)
+    assert simulate_memory_utilisation(seed=np.int64(3)) == simulate_memory_utilisation(seed=3)
+
+
+@pytest.mark.parametrize("bad", [[1.7, 0.2], [True, False], {1: 0, 0: 1}])
+def test_paged_attention_order_must_be_ints(bad):
+    cache = PagedKVCache(n_blocks=4, block_size=2, n_kv_heads=2, d_head=3, dtype=torch.float64)
+    cache.append("a", torch.randn(2, 3, 3, dtype=torch.float64), torch.randn(2, 3, 3, dtype=torch.float64))
+    with pytest.raises(TypeError, match="order"):
+        paged_attention(torch.randn(2, 1, 3, dtype=torch.float64), cache, "a", order=bad)

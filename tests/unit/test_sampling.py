@@ -125,3 +125,81 @@ def test_top_p_in_float32_logits_matches_a_float64_reference():
             order = np.argsort(-probs[row], kind="stable")
             n = int(np.searchsorted(np.cumsum(probs[row][order]), p) + 1)  # first prefix with mass >= p
             assert set(np.flatnonzero(kept[row].numpy())) == set(order[:n].tolist())
+
+
+# --- bad input found by the new-user probe (chapter 11): each was silently wrong or an unclear error ---
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+@pytest.mark.parametrize(
+    ("logits", "match"),
+    [
+        (torch.tensor([[float("nan"), 1.0, 2.0]]), r"NaN or \+inf; got 1 NaN and 0 \+inf"),
+        (torch.tensor([[0.0, math.inf, 2.0]]), r"NaN or \+inf; got 0 NaN and 1 \+inf"),
+        (torch.full((2, 3), -math.inf), r"at least one finite entry.*rows \[0, 1\]"),
+        (torch.zeros(2, 0), r"at least one token \(V > 0\); got shape \(2, 0\)"),
+    ],
+)
+def test_bad_logits_are_refused_on_every_path_greedy_too(logits, greedy, match):
+    """Greedy skipped every logit check: NaN logits gave token 0, an all -inf row gave 0, V = 0 an IndexError."""
+    with pytest.raises(ValueError, match=match):
+        sample(logits, greedy=greedy, generator=torch.Generator().manual_seed(0))
+
+
+def test_integer_logits_are_refused_greedy_too():
+    with pytest.raises(TypeError, match="logits must be a floating tensor; got dtype torch.int64"):
+        sample(torch.tensor([[1, 9, 3]]), greedy=True)
+
+
+def test_greedy_still_checks_top_k_and_top_p():
+    with pytest.raises(ValueError, match="top_k must be >= 1"):
+        sample(torch.zeros(1, 3), greedy=True, top_k=0)
+    with pytest.raises(ValueError, match="top_p must be in"):
+        sample(torch.zeros(1, 3), greedy=True, top_p=5)
+
+
+def test_float64_logits_are_not_rounded_to_float32():
+    """logits.float() tied 1000 and 1000 - 1e-6: top_k=1 picked token 1 in about half the seeds."""
+    logits = torch.tensor([[1000.0, 1000 - 1e-6, -5.0]], dtype=torch.float64)
+    picks = [int(sample(logits, top_k=1, generator=torch.Generator().manual_seed(s))) for s in range(200)]
+    assert picks == [0] * 200
+    picks = [int(sample(logits, temperature=1e-9, generator=torch.Generator().manual_seed(s))) for s in range(50)]
+    assert picks == [0] * 50  # (1e-6 / 1e-9 = 1000 nats apart in float64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_logits_are_computed_in_at_least_float32(dtype):
+    logits = torch.tensor([[0.0, 1.0, 2.0]], dtype=dtype)
+    ids = sample(logits, temperature=0.5, top_p=0.9, generator=torch.Generator().manual_seed(0))
+    assert ids.dtype == torch.int64 and ids.shape == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "tau"), [(torch.float32, 1e-39), (torch.float32, 1e-300), (torch.float64, 1e-300), (torch.float16, 1e-39)]
+)
+@pytest.mark.parametrize("kw", [{}, {"top_k": 2}, {"top_p": 0.9}])
+def test_a_tiny_temperature_tends_to_greedy_without_overflow(dtype, tau, kw):
+    """logits / 1e-39 overflowed to inf and crashed in torch (or blamed the logits); each row's max is
+    subtracted first, so the most probable token is drawn, every seed."""
+    logits = torch.tensor([[1.0, 3.0, 2.0], [-4.0, -5.0, -math.inf]], dtype=dtype)
+    for s in range(10):
+        ids = sample(logits, temperature=tau, generator=torch.Generator().manual_seed(s), **kw)
+        assert ids[:, 0].tolist() == [1, 0]
+
+
+def test_a_tiny_temperature_splits_ties_evenly():
+    logits = torch.tensor([[2.0, 2.0, 1.0]])
+    picks = {int(sample(logits, temperature=1e-39, generator=torch.Generator().manual_seed(s))) for s in range(40)}
+    assert picks == {0, 1}
+
+
+@pytest.mark.parametrize("bad", [42, "x", np.random.default_rng(0)])
+def test_generator_must_be_a_torch_generator(bad):
+    """generator=42 gave AttributeError: 'int' object has no attribute 'device'."""
+    with pytest.raises(TypeError, match=r"generator must be a torch.Generator or None; got .*manual_seed"):
+        sample(torch.zeros(1, 3), generator=bad)
+
+
+def test_temperature_of_the_wrong_type_is_a_type_error():
+    with pytest.raises(TypeError, match=r"temperature must be a finite number > 0; got 'hot' \(str\)"):
+        sample(torch.zeros(1, 3), temperature="hot")

@@ -250,3 +250,42 @@ def test_bad_input_is_refused_with_the_argument_named():
         merge_partials(p, partial_attention(q[:1], k[:1], v[:1]))
     with pytest.raises(ValueError, match="partials must hold at least one Partial"):
         reduce_partials([])
+
+
+# --- bad input found by the new-user probe (chapter 11) ---
+
+
+def _qkv16():
+    g = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(2, 4, T, 8, dtype=torch.float64, generator=g) for T in (1, 16, 16))
+
+
+@pytest.mark.parametrize("bad", [[0, 8.9, 16], [0, True, 16], [0, "8", 16], {0, 8, 16}, "0,16",
+                                 torch.tensor([0.0, 8.0, 16.0]), np.array([0.0, 16.0])])
+def test_boundaries_must_be_ints(bad):
+    """[0, 8.9, 16] silently used 8; [0, True, 16] was taken as [0, 1, 16]."""
+    q, k, v = _qkv16()
+    with pytest.raises(TypeError, match="boundaries"):
+        split_kv_attention(q, k, v, boundaries=bad)
+
+
+def test_boundaries_accept_numpy_ints_and_integer_tensors():
+    q, k, v = _qkv16()
+    want = split_kv_attention(q, k, v, boundaries=[0, 8, 16])
+    for b in ([0, np.int64(8), 16], np.array([0, 8, 16]), torch.tensor([0, 8, 16]), range(0, 17, 8)):
+        assert torch.equal(split_kv_attention(q, k, v, boundaries=b), want)
+
+
+@pytest.mark.parametrize("bad", [[0.4, 1.6], [True, False], {1: 0, 0: 1}, {0, 1}, 5])
+def test_order_must_be_a_sequence_of_ints(bad):
+    """order=[0.4, 1.6] was truncated to [0, 1]; [True, False] and a dict's keys were accepted."""
+    q, k, v = _qkv16()
+    with pytest.raises(TypeError, match="order"):
+        split_kv_attention(q, k, v, n_splits=2, order=bad)
+
+
+def test_order_accepts_numpy_ints():
+    q, k, v = _qkv16()
+    want = split_kv_attention(q, k, v, n_splits=2, order=[1, 0])
+    for order in ([np.int64(1), np.int64(0)], np.array([1, 0]), (1, 0)):
+        assert torch.equal(split_kv_attention(q, k, v, n_splits=2, order=order), want)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -367,3 +368,49 @@ def test_the_experiment_trains_chapter_08s_rope_model_and_measures_it():
         assert torch.equal(a, b)  # the very model of chapter 08's comparison
     with pytest.raises(ValueError, match="training must not set schemes"):
         streaming_experiment(text[:2000], text[2000:], 7, training=dict(schemes=("alibi",)))
+
+
+# --- bad input found by the new-user probe (chapter 11) ---
+
+
+def test_window_and_sinks_accept_numpy_ints():
+    """SlidingWindowCache(np.int64(4)) was refused with "must be an int >= 1; got np.int64(4)"."""
+    cache = SlidingWindowCache(np.int64(4), n_sinks=np.int32(1))
+    assert (cache.window, cache.n_sinks, cache.capacity) == (4, 1, 5) and type(cache.window) is int
+    with pytest.raises(TypeError, match="window must be an int >= 1; got 4.0"):
+        SlidingWindowCache(4.0)
+    with pytest.raises(TypeError, match="n_sinks must be an int >= 0; got True"):
+        SlidingWindowCache(4, n_sinks=True)
+
+
+def test_update_with_no_new_token_names_k_new_and_v_new():
+    """T_new = 0 was reported as "T must be > 0"."""
+    cache = SlidingWindowCache(4)
+    with pytest.raises(ValueError, match=r"k_new and v_new must hold at least one new token .*k_new \(1, 2, 0, 3\)"):
+        cache.update(torch.zeros(1, 2, 0, 3), torch.zeros(1, 2, 0, 3))
+
+
+@pytest.mark.parametrize("positions", ["cache", "text"])
+def test_a_rotate_of_the_wrong_shape_is_refused_and_the_cache_unchanged(positions):
+    """A rotate that returned another shape gave K and V of different lengths, silently."""
+    cache = SlidingWindowCache(4, positions=positions)
+    k, v = torch.randn(1, 2, 1, 3), torch.randn(1, 2, 1, 3)
+    K0, V0 = cache.update(k, v)
+    with pytest.raises(ValueError, match=r"rotate\(x, start\) must return a tensor of the shape of x"):
+        cache.update(k, v, rotate=lambda x, start: x[..., :1, :].repeat(1, 1, 4, 1)[..., :3, :])
+    assert cache.n_seen == 1 and len(cache) == 1
+    K1, V1 = cache.update(k, v)
+    assert torch.equal(K1[:, :, :1], K0) and K1.shape[-2] == V1.shape[-2] == 2
+
+
+def test_rotate_must_be_callable():
+    with pytest.raises(TypeError, match="rotate must be a callable rotate"):
+        SlidingWindowCache(4).update(torch.zeros(1, 2, 1, 3), torch.zeros(1, 2, 1, 3), rotate="x")
+
+
+@pytest.mark.parametrize(("bad", "error"), [(-1, ValueError), (1.5, TypeError), ("a", TypeError), (True, TypeError)])
+def test_slot_of_requires_an_int_position(bad, error):
+    """slot_of(-1) returned -1 and slot_of(1.5) returned 1.5."""
+    with pytest.raises(error, match="p must be an int >= 0"):
+        SlidingWindowCache(4, n_sinks=2).slot_of(bad)
+    assert SlidingWindowCache(4, n_sinks=2).slot_of(np.int64(7)) == 3

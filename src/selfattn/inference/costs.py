@@ -34,7 +34,7 @@ import torch
 
 from .._validate import require_positive_int
 from ..attention import scaled_dot_product_attention
-from ..gqa import kv_cache_bytes_per_token
+from ..gqa import _as_python_number, kv_cache_bytes_per_token
 
 __all__ = [
     "ModelSpec",
@@ -74,7 +74,7 @@ def _require_bytes_per_number(value) -> float:
         raise TypeError(f"bytes_per_number must be a number > 0 (2 for bfloat16); got {value!r}")
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"bytes_per_number must be a finite number > 0 (2 for bfloat16); got {value!r}")
-    return value
+    return _as_python_number(value)  # a NumPy scalar would make every product use its dtype
 
 
 def _require_none_or_positive_int(arg: str, value) -> None:
@@ -131,7 +131,7 @@ class ModelSpec:
         _require_name("name", self.name)
         _require_name("source", self.source)
         for arg in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head", "vocab_size"):
-            require_positive_int(arg, getattr(self, arg))
+            object.__setattr__(self, arg, require_positive_int(arg, getattr(self, arg)))  # NumPy ints to int
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads} "
@@ -139,13 +139,21 @@ class ModelSpec:
             )
         if self.d_ff is None:
             object.__setattr__(self, "d_ff", 4 * self.d_model)  # frozen: set once, here
-        require_positive_int("d_ff", self.d_ff)
-        if isinstance(self.ffn_matrices, bool) or self.ffn_matrices not in (2, 3):
+        object.__setattr__(self, "d_ff", require_positive_int("d_ff", self.d_ff))
+        if isinstance(self.ffn_matrices, bool) or not isinstance(self.ffn_matrices, (int, np.integer)):
+            raise TypeError(
+                "ffn_matrices must be the int 2 (W_2 act(W_1 x)) or 3 (a gated unit such as SwiGLU); got "
+                f"{self.ffn_matrices!r} ({type(self.ffn_matrices).__name__})"
+            )
+        if self.ffn_matrices not in (2, 3):
             raise ValueError(
                 f"ffn_matrices must be 2 (W_2 act(W_1 x)) or 3 (a gated unit such as SwiGLU); got {self.ffn_matrices!r}"
             )
+        object.__setattr__(self, "ffn_matrices", int(self.ffn_matrices))
         for arg in ("max_context", "sliding_window"):
             _require_none_or_positive_int(arg, getattr(self, arg))
+            if getattr(self, arg) is not None:
+                object.__setattr__(self, arg, int(getattr(self, arg)))
         if None not in (self.max_context, self.sliding_window) and self.sliding_window > self.max_context:
             raise ValueError(
                 f"sliding_window={self.sliding_window} must be at most max_context={self.max_context} "
@@ -325,7 +333,14 @@ def kv_cache_table(specs: Sequence[ModelSpec] | None = None, context_lengths: Se
     Source: claims 25 and 26; chapter 11.
     """
     specs = list(PUBLISHED_SPECS.values()) if specs is None else list(specs)
-    lengths = tuple(require_positive_int("context_lengths[i]", n) for n in context_lengths)
+    if isinstance(context_lengths, (str, bytes, dict, set, frozenset)) or not isinstance(
+        context_lengths, (Sequence, np.ndarray)
+    ):
+        raise TypeError(
+            "context_lengths must be a sequence of positive ints (token counts), e.g. (1024, 8192); got "
+            f"{context_lengths!r} ({type(context_lengths).__name__})"
+        )
+    lengths = tuple(require_positive_int(f"context_lengths[{i}]", n) for i, n in enumerate(context_lengths))
     if not lengths:
         raise ValueError("context_lengths must hold at least one token count; got an empty sequence")
     batch = require_positive_int("batch", batch)
@@ -522,6 +537,10 @@ class Accelerator:
         bytes_per_s: peak memory bandwidth, bytes/s (1 TB/s = 1e12 bytes/s). dtype: e.g. "bfloat16".
         source: the datasheet.
 
+    Raises:
+        TypeError / ValueError: ``flops_per_s`` or ``bytes_per_s`` not a finite number > 0; an empty
+        name, dtype or source.
+
     Property ``balance``: FLOPs per byte at which the two limits meet (the roofline's ridge point).
     """
 
@@ -531,13 +550,35 @@ class Accelerator:
     dtype: str
     source: str
 
+    def __post_init__(self):
+        _require_name("name", self.name)
+        _require_name("dtype", self.dtype)
+        _require_name("source", self.source)
+        for arg in ("flops_per_s", "bytes_per_s"):
+            value = getattr(self, arg)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise TypeError(f"{arg} must be a finite number > 0; got {value!r} ({type(value).__name__})")
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{arg} must be a finite number > 0; got {value!r}")
+            object.__setattr__(self, arg, float(value))
+
     @property
     def balance(self) -> float:
         return self.flops_per_s / self.bytes_per_s
 
     def attainable(self, intensity: float) -> float:
-        """The roofline: ``min(flops_per_s, intensity x bytes_per_s)`` FLOP/s."""
-        return min(self.flops_per_s, intensity * self.bytes_per_s)
+        """The roofline: ``min(flops_per_s, intensity x bytes_per_s)`` FLOP/s.
+
+        Raises:
+            TypeError / ValueError: ``intensity`` (FLOPs per byte) not a finite number >= 0.
+        """
+        if isinstance(intensity, bool) or not isinstance(intensity, (int, float, np.integer, np.floating)):
+            raise TypeError(
+                f"intensity must be a finite number >= 0 (FLOPs per byte); got {intensity!r} ({type(intensity).__name__})"
+            )
+        if not (math.isfinite(intensity) and intensity >= 0):
+            raise ValueError(f"intensity must be a finite number >= 0 (FLOPs per byte); got {intensity!r}")
+        return min(self.flops_per_s, float(intensity) * self.bytes_per_s)
 
 
 PUBLISHED_ACCELERATORS: dict[str, Accelerator] = {

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .._validate import require_positive_int, require_rank, require_scale, require_tensor, shape_of
-from .split_kv import _partial, finalize, reduce_partials
+from .split_kv import _int_list, _partial, finalize, reduce_partials
 
 __all__ = ["OutOfBlocksError", "BlockAllocator", "CacheUsage", "PagedKVCache", "paged_caches", "paged_attention",
            "MemoryUtilisation", "simulate_memory_utilisation"]
@@ -53,7 +53,11 @@ class BlockAllocator:
 
     def __init__(self, n_blocks: int):
         self.n_blocks = require_positive_int("n_blocks", n_blocks)
-        self._free = list(range(self.n_blocks - 1, -1, -1))  # a stack: pop() gives the lowest id first
+        try:
+            self._free = list(range(self.n_blocks - 1, -1, -1))  # a stack: pop() gives the lowest id first
+        except MemoryError as e:
+            raise MemoryError(f"cannot hold a free list of n_blocks={self.n_blocks:,} block ids; "
+                              "use fewer n_blocks") from e
         self._used: set[int] = set()
 
     @property
@@ -75,8 +79,9 @@ class BlockAllocator:
 
     def free(self, ids: Sequence[int]) -> None:
         """Return blocks to the free list. Raises ValueError (nothing freed) for an id that is not in
-        use (never allocated, out of range, or freed twice)."""
-        ids = list(ids)
+        use (never allocated, out of range, or freed twice); TypeError unless ``ids`` is a sequence of
+        ints (NumPy ints accepted; bools and floats refused)."""
+        ids = _int_list("ids", ids, "a sequence of block ids (ints)")
         bad = [i for i in ids if i not in self._used]
         if bad or len(set(ids)) != len(ids):
             raise ValueError(f"ids must be blocks in use, each once; got {ids} (not in use or repeated: "
@@ -116,6 +121,7 @@ class PagedKVCache:
 
     Raises:
         TypeError / ValueError: a size not a positive int, a non-floating dtype.
+        MemoryError: the pools do not fit (naming the sizes and the bytes asked).
 
     Source: chapter 11; Kwon et al. (2023), "Efficient Memory Management for Large Language Model
     Serving with PagedAttention", section 4.
@@ -128,10 +134,22 @@ class PagedKVCache:
         self.d_head = require_positive_int("d_head", d_head)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
-        self.allocator = BlockAllocator(n_blocks)
-        shape = (self.allocator.n_blocks, self.n_kv_heads, self.block_size, self.d_head)
-        self.k_pool = torch.zeros(shape, dtype=dtype, device=device)  # (n_blocks, Hkv, block_size, Dh)
-        self.v_pool = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (require_positive_int("n_blocks", n_blocks), self.n_kv_heads, self.block_size, self.d_head)
+        try:
+            self.k_pool = torch.zeros(shape, dtype=dtype, device=device)  # (n_blocks, Hkv, block_size, Dh)
+            self.v_pool = torch.zeros(shape, dtype=dtype, device=device)
+            self.allocator = BlockAllocator(shape[0])
+        except (MemoryError, RuntimeError) as e:  # torch raises either when an allocation fails
+            if not isinstance(e, (MemoryError, torch.OutOfMemoryError)) and "alloc" not in str(e).lower() \
+                    and "out of memory" not in str(e).lower():
+                raise  # not an allocation failure (a bad device, say): torch's own message
+            n_bytes = 2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            raise MemoryError(
+                f"cannot allocate the paged cache's key and value pools: 2 x n_blocks={shape[0]} x block_size={shape[2]} x "
+                f"n_kv_heads={shape[1]} x d_head={shape[3]} numbers of {dtype} = {n_bytes:,} bytes "
+                f"({n_bytes / 2**30:.3g} GiB) on {device or 'the default device'}; build the cache with fewer "
+                "n_blocks"
+            ) from e
         self._tables: dict[Hashable, list[int]] = {}
         self._lengths: dict[Hashable, int] = {}
 
@@ -344,7 +362,8 @@ def simulate_memory_utilisation(lengths: Sequence[int] | None = None, *, max_len
         tokens in the systems before vLLM.
 
     Raises:
-        TypeError / ValueError: a non-integer or out-of-range length or size.
+        TypeError / ValueError: ``lengths`` not a sequence, a non-integer or out-of-range length or
+        size, ``seed`` not an int >= 0.
 
     Source: chapter 11; Kwon et al. (2023), sections 3 and 4.
     """
@@ -354,7 +373,15 @@ def simulate_memory_utilisation(lengths: Sequence[int] | None = None, *, max_len
         n_requests, min_len = require_positive_int("n_requests", n_requests), require_positive_int("min_len", min_len)
         if min_len > max_len:
             raise ValueError(f"min_len must be <= max_len={max_len}; got {min_len}")
-        lengths = np.random.default_rng(seed).integers(min_len, max_len + 1, size=n_requests).tolist()
+        if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"seed must be an int >= 0 (for numpy.random.default_rng); got {seed!r} "
+                            f"({type(seed).__name__})")
+        if seed < 0:
+            raise ValueError(f"seed must be an int >= 0 (for numpy.random.default_rng); got {seed}")
+        lengths = np.random.default_rng(int(seed)).integers(min_len, max_len + 1, size=n_requests).tolist()
+    if isinstance(lengths, (str, bytes, dict, set, frozenset)) or not isinstance(lengths, (Sequence, np.ndarray)):
+        raise TypeError(f"lengths must be a sequence of positive ints (tokens per request) or None; got "
+                        f"{lengths!r} ({type(lengths).__name__})")
     lengths = [require_positive_int(f"lengths[{i}]", L) for i, L in enumerate(lengths)]
     if not lengths or max(lengths) > max_len:
         raise ValueError(f"lengths must hold at least one request, each <= max_len={max_len}; got {lengths[:8]}...")

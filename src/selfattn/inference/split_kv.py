@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from .._validate import (
@@ -176,7 +177,7 @@ def reduce_partials(partials: Sequence[Partial], order=None) -> Partial:
         raise ValueError("partials must hold at least one Partial; got none")
     for i, p in enumerate(partials):
         _require_partial(f"partials[{i}]", p)
-    if order == "tree":
+    if isinstance(order, str) and order == "tree":
         while len(partials) > 1:  # one round: (0 1) (2 3) ...; an odd last one waits for the next round
             partials = [_merge(*partials[i:i + 2]) if i + 1 < len(partials) else partials[i]
                         for i in range(0, len(partials), 2)]
@@ -184,10 +185,7 @@ def reduce_partials(partials: Sequence[Partial], order=None) -> Partial:
     if isinstance(order, str) and order != "sequential":
         raise ValueError(f"order must be 'sequential', 'tree' or a permutation of range({len(partials)}); got {order!r}")
     if not isinstance(order, str):
-        try:
-            perm = [int(i) for i in order]
-        except (TypeError, ValueError):
-            raise TypeError(f"order must be 'sequential', 'tree' or a sequence of ints; got {order!r}") from None
+        perm = _int_list("order", order, f"'sequential', 'tree' or a permutation of range({len(partials)})")
         if sorted(perm) != list(range(len(partials))):
             raise ValueError(f"order must be a permutation of range({len(partials)}) (one index per chunk); got {order!r}")
         partials = [partials[i] for i in perm]
@@ -212,6 +210,27 @@ def finalize(p: Partial):
     return context, lse
 
 
+def _int_list(name: str, value, expected: str) -> list[int]:
+    """``value`` as a list of Python ints: a list, tuple, range, 1-D integer NumPy array or tensor of
+    ints (NumPy ints accepted, bools and floats refused, as everywhere in the package); not a str, a
+    dict or a set (a set's order is arbitrary, a dict iterates its keys)."""
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        is_int = (not value.dtype.is_floating_point and not value.dtype.is_complex and value.dtype != torch.bool
+                  if isinstance(value, torch.Tensor) else np.issubdtype(value.dtype, np.integer))
+        if value.ndim != 1 or not is_int:
+            raise TypeError(f"{name} must be {expected}; got a {type(value).__name__} of shape "
+                            f"{tuple(value.shape)} and dtype {value.dtype}")
+        return [int(x) for x in value.tolist()]
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be {expected} (a list or tuple); got {value!r} ({type(value).__name__})")
+    out = []
+    for i, x in enumerate(value):
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+            raise TypeError(f"{name}[{i}] must be an int; got {x!r} ({type(x).__name__}) in {name}={value!r}")
+        out.append(int(x))
+    return out
+
+
 def chunk_boundaries(S: int, n_splits: int) -> list[int]:
     """``[0, ..., S]``: ``n_splits`` chunks of near-equal size (sizes differ by at most one).
 
@@ -224,10 +243,7 @@ def chunk_boundaries(S: int, n_splits: int) -> list[int]:
 
 
 def _check_boundaries(boundaries, S: int) -> list[int]:
-    try:
-        b = [int(x) for x in boundaries]
-    except (TypeError, ValueError):
-        raise TypeError(f"boundaries must be a sequence of ints [0, ..., S]; got {boundaries!r}") from None
+    b = _int_list("boundaries", boundaries, "a sequence of ints [0, ..., S]")
     if len(b) < 2 or b[0] != 0 or b[-1] != S or any(x >= y for x, y in zip(b, b[1:], strict=False)):
         raise ValueError(f"boundaries must increase strictly from 0 to S={S} (the keys' chunk edges); got {b}")
     return b

@@ -27,6 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -62,6 +63,28 @@ def _adds_absolute(scheme) -> bool:
 def _has_score_bias(scheme) -> bool:
     """The scheme adds a bias to the scores (ALiBi)."""
     return type(scheme).score_bias is not PositionScheme.score_bias
+
+
+def _require_int_at_least(name: str, value, low: int) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int >= {low}; got {value!r} ({type(value).__name__})")
+    if value < low:
+        raise ValueError(f"{name} must be an int >= {low}; got {value}")
+    return int(value)
+
+
+def _shape_checked(rotate):
+    """``rotate`` that raises unless it returns a tensor of the shape it was given (a wrong shape would
+    silently give keys and values of different lengths)."""
+
+    def checked(x: torch.Tensor, start: int) -> torch.Tensor:
+        out = rotate(x, start)
+        if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+            got = shape_of(out) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"rotate(x, start) must return a tensor of the shape of x {shape_of(x)}; got {got}")
+        return out
+
+    return checked
 
 
 class SlidingWindowCache:
@@ -111,11 +134,8 @@ class SlidingWindowCache:
     """
 
     def __init__(self, window: int, n_sinks: int = 0, *, positions: str = "cache"):
-        for name, value, low in (("window", window, 1), ("n_sinks", n_sinks, 0)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int >= {low}; got {value!r} ({type(value).__name__})")
-            if value < low:
-                raise ValueError(f"{name} must be an int >= {low}; got {value}")
+        window = _require_int_at_least("window", window, 1)  # NumPy ints accepted, as everywhere
+        n_sinks = _require_int_at_least("n_sinks", n_sinks, 0)
         if not isinstance(positions, str):
             raise TypeError(f"positions must be one of {CACHE_POSITIONS}; got {positions!r} ({type(positions).__name__})")
         if positions not in CACHE_POSITIONS:
@@ -135,7 +155,11 @@ class SlidingWindowCache:
                 f"{self.n_seen} tokens seen, {len(self)} held)")
 
     def slot_of(self, p: int) -> int:
-        """The slot that text position ``p`` is (or was) stored in."""
+        """The slot that text position ``p`` (an int >= 0) is, was or will be stored in.
+
+        Raises:
+            TypeError / ValueError: ``p`` not an int >= 0 (NumPy ints accepted)."""
+        p = _require_int_at_least("p", p, 0)
         s = self.n_sinks
         return p if p < s else s + (p - s) % self.window
 
@@ -183,6 +207,11 @@ class SlidingWindowCache:
             raise TypeError(f"k_new and v_new must be floating tensors of one dtype; got {k_new.dtype}, {v_new.dtype}")
         if k_new.shape[:-1] != v_new.shape[:-1]:
             raise ValueError(f"k_new {shape_of(k_new)} and v_new {shape_of(v_new)} must agree except in the last axis")
+        if k_new.shape[-2] == 0:
+            raise ValueError(
+                f"k_new and v_new must hold at least one new token (T_new > 0 along dim -2); got k_new "
+                f"{shape_of(k_new)} and v_new {shape_of(v_new)}"
+            )
         if self.k is not None and (k_new.dtype != self.k.dtype or k_new.shape[:2] != self.k.shape[:2]
                                    or k_new.shape[-1] != self.k.shape[-1] or v_new.shape[-1] != self.v.shape[-1]):
             raise ValueError(
@@ -205,13 +234,16 @@ class SlidingWindowCache:
 
         Raises:
             TypeError / ValueError: tensors not of rank 4, not floating, of different dtypes or
-            shapes, or not matching the buffers; too many new tokens (see :meth:`plan`). The cache
-            is unchanged then.
+            shapes, or not matching the buffers; no new token (T_new = 0); too many new tokens (see
+            :meth:`plan`); ``rotate`` not callable. The cache is unchanged then. ValueError also when
+            ``rotate`` returns a tensor of another shape than it was given (the cache unchanged).
         """
         self._check(k_new, v_new)
+        if rotate is not None and not callable(rotate):
+            raise TypeError(f"rotate must be a callable rotate(x, start) or None; got {rotate!r} ({type(rotate).__name__})")
         T = k_new.shape[-2]
         self.plan(T, PositionScheme())  # the number of new tokens, checked before anything changes
-        rotate = rotate or (lambda x, start: x)
+        rotate = _shape_checked(rotate or (lambda x, start: x))
         if self.k is None:  # preallocated once; from now on the shapes never change
             B, H, _, Dh = k_new.shape
             self.k = k_new.new_zeros(B, H, self.capacity, Dh)
@@ -220,6 +252,7 @@ class SlidingWindowCache:
             k_new = rotate(k_new, self.n_seen)  # once, at the text positions, as a plain KV cache does
         new_positions = range(self.n_seen, self.n_seen + T)
         slots = torch.tensor([self.slot_of(p) for p in new_positions], device=self.k.device)  # (T_new,)
+        saved = (self.k[:, :, slots].clone(), self.v[:, :, slots].clone(), self.slot_positions.clone(), self.n_seen)
         self.k[:, :, slots] = k_new  # overwrite the oldest window slots (or fill empty ones)
         self.v[:, :, slots] = v_new
         self.slot_positions[slots.cpu()] = torch.tensor(list(new_positions))
@@ -227,7 +260,11 @@ class SlidingWindowCache:
         order = torch.tensor([self.slot_of(p) for p in self.held_positions()], device=self.k.device)  # (S,)
         K, V = self.k[:, :, order], self.v[:, :, order]  # (B, H, S, Dh): oldest first, a copy
         if self.positions == "cache":
-            K = rotate(K, 0)  # renumbered: sinks 0 .. s-1, window s .., the new token last
+            try:
+                K = rotate(K, 0)  # renumbered: sinks 0 .. s-1, window s .., the new token last
+            except Exception:  # a failing rotate leaves the cache as it was
+                self.k[:, :, slots], self.v[:, :, slots], self.slot_positions, self.n_seen = saved
+                raise
         return K, V
 
 
@@ -357,11 +394,11 @@ def _require_sinks(n_sinks_list) -> tuple[int, ...]:
     if isinstance(n_sinks_list, (str, bytes)) or not isinstance(n_sinks_list, Sequence) or not n_sinks_list:
         raise ValueError(f"n_sinks_list must be a non-empty sequence of ints >= 0; got {n_sinks_list!r}")
     for s in n_sinks_list:
-        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+        if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)) or s < 0:
             raise ValueError(f"n_sinks_list must hold ints >= 0; got {s!r}")
     if len(set(n_sinks_list)) != len(n_sinks_list):
         raise ValueError(f"n_sinks_list must not repeat a value; got {tuple(n_sinks_list)}")
-    return tuple(n_sinks_list)
+    return tuple(int(s) for s in n_sinks_list)
 
 
 @torch.no_grad()

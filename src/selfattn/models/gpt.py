@@ -38,7 +38,13 @@ from ..embeddings import TokenEmbedding
 from ..masks import causal_mask
 from ..multihead import merge_heads, split_heads
 from ..positions import POSITION_SCHEMES, make_positions
-from ..sampling import _require_top_k, _require_top_p, sample
+from ..sampling import (
+    _require_generator,
+    _require_temperature,
+    _require_top_k,
+    _require_top_p,
+    sample,
+)
 from .tiny_lm import TinyLMConfig, next_token_loss
 
 __all__ = [
@@ -385,7 +391,8 @@ class GPT(nn.Module):
 
         Raises:
             TypeError / ValueError: bad ``input_ids``; ``max_new_tokens`` not a positive int;
-            ``temperature`` <= 0; with learned positions, a result longer than the table;
+            ``temperature`` not a finite number > 0; ``generator`` not a torch.Generator or None;
+            NaN or +inf logits (a model with NaN weights), greedy or not; with learned positions, a result longer than the table;
             ``make_cache`` not callable, or given with ``use_cache=False``.
 
         Source: chapter 13; ``make_cache``, chapter 11.
@@ -395,10 +402,10 @@ class GPT(nn.Module):
         require_tensor("input_ids", input_ids)
         require_rank("input_ids", input_ids, 2, "(B, T0)")
         n_new = require_positive_int("max_new_tokens", max_new_tokens)
-        if isinstance(temperature, bool) or not (isinstance(temperature, (int, float)) and 0 < temperature < math.inf):
-            raise ValueError(f"temperature must be a finite number > 0; got {temperature!r}")
+        _require_temperature(temperature)
         _require_top_k(top_k)
         _require_top_p(top_p)
+        _require_generator(generator)
         if make_cache is not None and (not callable(make_cache) or not use_cache):
             raise ValueError(f"make_cache must be a callable returning a fresh cache, with use_cache=True; got "
                              f"{make_cache!r} with use_cache={use_cache}")
