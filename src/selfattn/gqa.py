@@ -123,7 +123,7 @@ def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, d_head: int, bytes_
     Raises:
         TypeError / ValueError: counts not positive ints; ``bytes_per_number`` not a positive number.
 
-    Source: claim 25 (DESIGN.md); Pope et al. 2022 (Efficiently Scaling Transformer Inference).
+    Source: chapter 11 (claim 25); Pope et al. 2023 (Efficiently Scaling Transformer Inference).
     """
     n_layers = require_positive_int("n_layers", n_layers)
     n_kv_heads = require_positive_int("n_kv_heads", n_kv_heads)

@@ -16,7 +16,7 @@ Three parts, all for chapter 11 (claims 25 and 26):
   is limited by memory traffic by the roofline's definition (claim 25; a wide, documented margin),
   and how close to the streaming bandwidth it ran (measured, reported, not asserted).
 
-Source: Pope et al. 2022 (Efficiently Scaling Transformer Inference), section 2; Williams et al.
+Source: Pope et al. 2023 (Efficiently Scaling Transformer Inference), section 2; Williams et al.
 2009 (the roofline model); chapter 11.
 """
 
@@ -244,7 +244,7 @@ def kv_cache_bytes(spec: ModelSpec, n_tokens: int, *, batch: int = 1, bytes_per_
         int; ``n_tokens`` more than ``spec.max_context`` (naming the model and its limit); bad
         ``bytes_per_number`` (as :func:`selfattn.gqa.kv_cache_bytes_per_token`).
 
-    Source: claim 25; Pope et al. 2022, section 2; Jiang et al. 2023 (the rolling buffer); chapter 11.
+    Source: claim 25; Pope et al. 2023, section 2; Jiang et al. 2023 (the rolling buffer); chapter 11.
     """
     spec = _require_spec(spec)
     cached = spec.cached_tokens(n_tokens)
@@ -461,7 +461,7 @@ def decode_step_cost(spec: ModelSpec, context_len: int, *, batch: int = 1, bytes
         TypeError / ValueError: as :func:`kv_cache_bytes`; ``context_len`` not a positive int, or
         more than ``spec.max_context``.
 
-    Source: Pope et al. 2022, section 2 (the same counts); Kaplan et al. 2020, Table 1 (2 N FLOPs per
+    Source: Pope et al. 2023, section 2 (the same counts); Kaplan et al. 2020, Table 1 (2 N FLOPs per
     token); chapter 11.
     """
     spec = _require_spec(spec)
@@ -500,7 +500,7 @@ def prefill_cost(spec: ModelSpec, n_tokens: int, *, batch: int = 1, bytes_per_nu
     Raises:
         TypeError / ValueError: as :func:`kv_cache_bytes` (``n_tokens`` more than ``spec.max_context``).
 
-    Source: Pope et al. 2022, section 2; Jiang et al. 2023 (the sliding window); chapter 11.
+    Source: Pope et al. 2023, section 2; Jiang et al. 2023 (the sliding window); chapter 11.
     """
     spec = _require_spec(spec)
     kept = spec.cached_tokens(n_tokens)  # refuses T > max_context; min(T, W)

@@ -4,7 +4,7 @@ A :class:`~selfattn.efficient.KVCache` grows by one position per generated token
 work of every step grow without bound. A *sliding window* keeps only the last ``window`` tokens'
 keys and values (Beltagy et al. 2020, Longformer, section 3.1; Child et al. 2019 for fixed sparse
 patterns; Mistral's "rolling buffer cache", Jiang et al. 2023, section 2), so a step reads at most
-``window`` keys however long the text. Xiao et al. 2023 (StreamingLLM) observed that this window
+``window`` keys however long the text. Xiao et al. 2024 (StreamingLLM) observed that this window
 alone breaks down as soon as the first tokens leave it, because trained models park much of their
 attention on the first tokens (the "attention sinks"), and that keeping the first four tokens'
 keys and values forever restores the loss (their section 3.1 and table 1); section 3.2 builds the
@@ -49,7 +49,7 @@ __all__ = [
 
 #: Where :class:`SlidingWindowCache` places the keys it holds. ``"cache"``: by place in the cache
 #: (the sinks at 0 .. n_sinks-1, the window after them, oldest first), as StreamingLLM does
-#: (Xiao et al. 2023, section 3.2): keys are stored unrotated and rotated at these positions at every
+#: (Xiao et al. 2024, section 3.2): keys are stored unrotated and rotated at these positions at every
 #: step, so the offsets a query sees never exceed ``n_sinks + window - 1``. ``"text"``: by place in
 #: the text, keys rotated once when stored (what a plain KV cache does; Mistral's rolling buffer).
 CACHE_POSITIONS = ("cache", "text")
@@ -91,7 +91,7 @@ class SlidingWindowCache:
     """The keys and values of one layer's first ``n_sinks`` tokens and last ``window`` tokens.
 
     A ring buffer of ``capacity = n_sinks + window`` slots, allocated on the first step: slot i < s
-    (s = n_sinks) holds text position i forever (the attention sinks of Xiao et al. 2023); text
+    (s = n_sinks) holds text position i forever (the attention sinks of Xiao et al. 2024); text
     position p >= s goes to slot ``s + (p - s) % window``, over the oldest one there. After N tokens
     the cache holds positions ``0 .. s-1`` and ``max(s, N - window) .. N-1``, so a new query at text
     position p reads the sinks and the ``window`` tokens ``p - window + 1 .. p`` (itself included);
@@ -129,7 +129,7 @@ class SlidingWindowCache:
         ValueError: ``window`` < 1, ``n_sinks`` < 0, an unknown ``positions``; from :meth:`plan`
         and :meth:`update`, see there.
 
-    Source: Xiao et al. 2023 (StreamingLLM), sections 3.1-3.2; Beltagy et al. 2020 (Longformer),
+    Source: Xiao et al. 2024 (StreamingLLM), sections 3.1-3.2; Beltagy et al. 2020 (Longformer),
     section 3.1; Jiang et al. 2023 (Mistral 7B), section 2 (rolling buffer cache); chapter 11.
     """
 
@@ -320,7 +320,7 @@ def sink_weights(model: GPT, inputs: torch.Tensor, *, far: int = 64) -> tuple[to
     time). Returns ``(weights, uniform)``: weights (n_layers, H) float64, the mean over the B
     sequences and the queries ``far .. N-1`` of the weight on the first token; and uniform, the
     mean of ``1 / (q + 1)`` over the same queries, what a head spreading its weight evenly gives it.
-    A sink (Xiao et al. 2023, section 3.1; chapter 06's weight parked on [CLS]) is far above uniform.
+    A sink (Xiao et al. 2024, section 3.1; chapter 06's weight parked on [CLS]) is far above uniform.
 
     Raises:
         ValueError: ``far`` not a positive int below N.
@@ -464,7 +464,7 @@ def streaming_losses(
         sizes or sink counts; a stretch that is not ``0 <= first < end <= N``; everything
         :class:`SlidingWindowCache` refuses (e.g. learned positions with ``positions="cache"``).
 
-    Source: Xiao et al. 2023, section 4.1 and figure 3 (the same four settings on Llama-2, MPT,
+    Source: Xiao et al. 2024, section 4.1 and figure 3 (the same four settings on Llama-2, MPT,
     Falcon and Pythia); chapter 11 (claim 28).
     """
     from ..experiments.positions import _require_ids, position_losses, validation_windows

@@ -49,7 +49,7 @@ def streaming_loss_figure(losses: Mapping[str, object], *, window: int, train_le
         ValueError: no curve; a curve not 1-D, empty or not finite; bad ``window``,
         ``train_length``, ``smooth`` or baseline.
 
-    Source: Xiao et al. 2023, figure 3; chapter 11 (claim 28).
+    Source: Xiao et al. 2024, figure 3; chapter 11 (claim 28).
     """
     if not losses:
         raise ValueError("losses must hold at least one {label: per-position losses} entry")
@@ -119,7 +119,7 @@ def ring_buffer_figure(window: int = 6, n_sinks: int = 2, n_steps: int = 15) -> 
     Raises:
         ValueError: bad sizes (see :func:`ring_buffer_slots`).
 
-    Source: Xiao et al. 2023, figure 1(d) (the sinks and the rolling window); Jiang et al. 2023,
+    Source: Xiao et al. 2024, figure 1(d) (the sinks and the rolling window); Jiang et al. 2023,
     figure 2 (rolling buffer cache); chapter 11.
     """
     slots = ring_buffer_slots(window, n_sinks, n_steps)  # (n_steps, C)
