@@ -8,6 +8,7 @@ exception inside the learner's function becomes feedback that names it. Introduc
 
 from __future__ import annotations
 
+import dis
 import html
 import re
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["Feedback", "passed", "failed", "not_attempted", "call_learner", "checker", "compare_arrays", "to_numpy", "bool_mask_problem"]
+__all__ = ["Feedback", "passed", "failed", "not_attempted", "call_learner", "checker", "compare_arrays", "to_numpy", "bool_mask_problem", "is_empty_stub"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,22 @@ class _LearnerError(Exception):
     def __init__(self, feedback: Feedback):
         super().__init__(feedback.message)
         self.feedback = feedback
+
+
+_DOES_NOTHING = {"RESUME", "NOP", "CACHE", "LOAD_CONST", "RETURN_CONST", "RETURN_VALUE"}
+
+
+def is_empty_stub(fn) -> bool:
+    """True when ``fn``'s body does nothing (``pass``, ``...``, a docstring): not yet attempted.
+
+    Its byte code then only returns the constant None. A body with any code that returns None is
+    judged by :func:`call_learner` instead ("did you forget return?")."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return False
+    ops = list(dis.get_instructions(code))
+    return all(op.opname in _DOES_NOTHING for op in ops) and all(
+        op.argval is None for op in ops if op.opname in ("LOAD_CONST", "RETURN_CONST"))
 
 
 def call_learner(exercise: str, fn: Callable, *args, **kwargs):

@@ -15,7 +15,6 @@ like one that raises ``NotImplementedError``; one with code that returns None is
 
 from __future__ import annotations
 
-import dis
 import math
 
 import numpy as np
@@ -23,7 +22,16 @@ import torch
 
 from .. import positions as _pos
 from .. import ref
-from . import call_learner, checker, compare_arrays, failed, not_attempted, passed, to_numpy
+from . import (
+    call_learner,
+    checker,
+    compare_arrays,
+    failed,
+    is_empty_stub,
+    not_attempted,
+    passed,
+    to_numpy,
+)
 
 __all__ = ["check_apply_rope", "check_alibi_slopes", "check_rope_attention", "check_relative_score"]
 
@@ -35,22 +43,6 @@ _EX4 = "8.4 relative scores"
 # Loose enough for a correct answer computed in float32 (angles of positions up to 40 lose ~1e-5),
 # far tighter than any of the mistakes below (they are off by O(1)).
 _TOL = 1e-4
-
-
-_NOTHING = {"RESUME", "NOP", "CACHE", "LOAD_CONST", "RETURN_CONST", "RETURN_VALUE"}
-
-
-def _is_empty_stub(fn) -> bool:
-    """True when ``fn``'s body does nothing (``pass``, ``...``, a docstring): not yet attempted.
-
-    Its byte code then only returns the constant None. A body with any code that returns None is
-    judged by :func:`call_learner` instead ("did you forget return?")."""
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return False
-    ops = list(dis.get_instructions(code))
-    return all(op.opname in _NOTHING for op in ops) and all(
-        op.argval is None for op in ops if op.opname in ("LOAD_CONST", "RETURN_CONST"))
 
 
 def _close(a: np.ndarray | None, b: np.ndarray) -> bool:
@@ -122,7 +114,7 @@ def check_apply_rope(fn):
     """``fn(x, positions, base)`` for x (T, Dh) float64, positions (T,) int64 and a float base must
     return x with each feature pair (2i, 2i+1) of the row at position m turned by ``m * base^(-2i/Dh)``
     radians (the interleaved layout), shape (T, Dh)."""
-    if _is_empty_stub(fn):
+    if is_empty_stub(fn):
         return not_attempted(_EX1)
     for case, x, positions, base in _rope_cases():
         got = call_learner(_EX1, fn, x.clone(), positions.clone(), base)
@@ -194,7 +186,7 @@ def _slope_mistakes(H: int) -> list[tuple[np.ndarray, str]]:
 def check_alibi_slopes(fn):
     """``fn(n_heads)`` must return ALiBi's H slopes (H,): for H a power of two ``2^(-8(h+1)/H)``,
     otherwise those of the power of two n below, then every other slope of 2n heads, H in all."""
-    if _is_empty_stub(fn):
+    if is_empty_stub(fn):
         return not_attempted(_EX2)
     for H in (8, 4, 1, 12, 6, 5):
         got = call_learner(_EX2, fn, H)
@@ -236,7 +228,7 @@ def check_rope_attention(fn):
     """``fn(q, k, v)`` for q, k, v (T, Dh) float64 at positions 0 .. T-1 must return causal attention
     ``softmax(mask(rope(q) rope(k)^T / sqrt(Dh))) v`` (T, Dh), RoPE in the interleaved layout, base 10000,
     on queries and keys only."""
-    if _is_empty_stub(fn):
+    if is_empty_stub(fn):
         return not_attempted(_EX3)
     for q, k, v in _attention_cases():
         T = q.shape[0]
@@ -289,7 +281,7 @@ def check_relative_score(fn):
     """``fn(q, k, m, n)`` for q, k (Dh,) float64 and int positions must return the RoPE score
     ``rope(q, m) . rope(k, n)`` (a number; interleaved layout, base 10000). The check then moves both
     positions by the same amount and asks the function again: the score must not change."""
-    if _is_empty_stub(fn):
+    if is_empty_stub(fn):
         return not_attempted(_EX4)
     gen = torch.Generator().manual_seed(84)
     q, k = torch.randn(8, generator=gen, dtype=torch.float64), torch.randn(8, generator=gen, dtype=torch.float64)

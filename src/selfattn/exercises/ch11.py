@@ -22,11 +22,11 @@ from . import (
     checker,
     compare_arrays,
     failed,
+    is_empty_stub,
     not_attempted,
     passed,
     to_numpy,
 )
-from .ch08 import _is_empty_stub
 
 __all__ = ["check_kv_cache_bytes", "check_merge_partials", "check_top_p_keep"]
 
@@ -43,7 +43,7 @@ _CACHE_CASES = ((6, 12, 12, 32, 4, 128), (32, 32, 8, 128, 2, 8192), (4, 8, 1, 64
 def check_kv_cache_bytes(fn):
     """``fn(n_layers, n_heads, n_kv_heads, d_head, bytes_per_number, n_tokens)`` -> the bytes the KV
     cache of one sequence of ``n_tokens`` tokens takes (an int)."""
-    if _is_empty_stub(fn):
+    if is_empty_stub(fn):
         return not_attempted(_EX1)
     for L, H, H_kv, Dh, nbytes, n in _CACHE_CASES:
         got = call_learner(_EX1, fn, L, H, H_kv, Dh, nbytes, n)
@@ -88,7 +88,7 @@ def check_merge_partials(fn):
     """``fn(m_a, l_a, acc_a, m_b, l_b, acc_b)`` -> ``(m, l, acc)``: two chunks' partial results, each a
     row max (T,), a sum of exponentials (T,) and an unnormalised accumulator (T, Dv), merged into the
     partial result of both chunks together. Torch float64 tensors in and out."""
-    if _is_empty_stub(fn):
+    if is_empty_stub(fn):
         return not_attempted(_EX2)
     rng = np.random.default_rng(11)
     T, S, Dv = 4, 10, 3
@@ -141,7 +141,7 @@ def check_top_p_keep(fn):
     """``fn(probs (V,), p)`` -> a boolean tensor (V,): True for the tokens of the top-p set, the
     smallest set of most probable tokens whose probabilities sum to at least p. Torch in and out;
     the probabilities given have no ties. ``p = 1`` keeps every token."""
-    if _is_empty_stub(fn):
+    if is_empty_stub(fn):
         return not_attempted(_EX3)
     probs = np.array([0.05, 0.30, 0.02, 0.25, 0.15, 0.08, 0.10, 0.05 - 1e-3, 1e-3])  # one tie-free order
     for p in (0.5, 0.72, 0.9, 1.0):  # no p equal to a partial sum: floats would decide those

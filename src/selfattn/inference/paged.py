@@ -189,6 +189,10 @@ class PagedKVCache:
         if x.shape[0] != self.n_kv_heads or x.shape[2] != self.d_head or x.shape[1] == 0:
             raise ValueError(f"{name} must have shape (n_kv_heads={self.n_kv_heads}, T_new > 0, "
                              f"d_head={self.d_head}); got {shape_of(x)}")
+        self._require_like_cache(name, x)
+
+    def _require_like_cache(self, name: str, x: torch.Tensor) -> None:
+        """``x`` has the pool's dtype and device (a new key/value, or a query read against it)."""
         if x.dtype != self.dtype:
             raise TypeError(f"{name} must have the cache's dtype {self.dtype}; got {x.dtype}")
         if x.device != self.device:
@@ -291,10 +295,7 @@ def paged_attention(q: torch.Tensor, cache: PagedKVCache, seq_id, *, scale: floa
     if Dh != cache.d_head or H % cache.n_kv_heads or not 0 < T <= S:
         raise ValueError(f"q must have shape (H, T, Dh) with H a multiple of n_kv_heads={cache.n_kv_heads}, "
                          f"1 <= T <= S={S} (the stored length of {seq_id!r}) and Dh={cache.d_head}; got {shape_of(q)}")
-    if q.dtype != cache.dtype:
-        raise TypeError(f"q must have the cache's dtype {cache.dtype}; got {q.dtype}")
-    if q.device != cache.device:
-        raise ValueError(f"q must be on the cache's device {cache.device}; got {q.device}")
+    cache._require_like_cache("q", q)
     require_scale(scale)
     scale = 1.0 / math.sqrt(Dh) if scale is None else float(scale)
     group, b = H // cache.n_kv_heads, cache.block_size
