@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
-__all__ = ["pick_device", "describe_device"]
+__all__ = ["pick_device", "describe_device", "cpu_cache_sizes", "parse_cache_size"]
+
+CPU_CACHE_SYSFS = "/sys/devices/system/cpu/cpu0/cache"
 
 
 def pick_device(prefer: str | None = None) -> torch.device:
@@ -45,3 +48,32 @@ def describe_device(device: torch.device | None = None) -> str:
     if device.type == "mps":
         return "mps (Apple silicon GPU)"
     return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def parse_cache_size(text: str) -> int | None:
+    """Bytes in a Linux cache-size string such as ``"32K"``, ``"1024K"``, ``"32768K"`` or ``"2M"``;
+    None if the text is not such a size."""
+    text = text.strip()
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    number, unit = (text[:-1], text[-1].upper()) if text[-1:].upper() in units else (text, "")
+    return int(number) * units.get(unit, 1) if number.isdigit() else None
+
+
+def cpu_cache_sizes(root: str = CPU_CACHE_SYSFS) -> dict[str, int]:
+    """The caches of CPU 0 as Linux reports them, by name (``"L1d"``, ``"L1i"``, ``"L2"``, ``"L3"``)
+    in bytes; empty where the system does not report them (macOS, Windows, some containers).
+
+    Per core for L1 and L2 on x86; L3 is shared by a group of cores. Introduced in chapter 10 (the
+    time of tiled attention against its block size)."""
+    sizes = {}
+    for folder in sorted(Path(root).glob("index*")):
+        try:
+            level = (folder / "level").read_text().strip()
+            kind = (folder / "type").read_text().strip()
+            size = parse_cache_size((folder / "size").read_text())
+        except OSError:
+            continue
+        if size is not None and level.isdigit():
+            suffix = {"Data": "d", "Instruction": "i"}.get(kind, "")
+            sizes[f"L{level}{suffix}"] = size
+    return sizes

@@ -35,6 +35,7 @@ import torch
 from .._validate import require_positive_int
 from ..attention import scaled_dot_product_attention
 from ..gqa import _as_python_number, kv_cache_bytes_per_token
+from ..device import parse_cache_size
 
 __all__ = [
     "ModelSpec",
@@ -645,12 +646,10 @@ def _l3_cache_bytes(directory: str = _L3_SYSFS) -> int | None:
     try:
         if (folder / "level").exists() and (folder / "level").read_text().strip() != "3":
             return None
-        text = (folder / "size").read_text().strip()
+        text = (folder / "size").read_text()
     except OSError:
         return None
-    units = {"K": 2**10, "M": 2**20, "G": 2**30}
-    number, unit = (text[:-1], text[-1].upper()) if text[-1:].upper() in units else (text, "")
-    return int(number) * units.get(unit, 1) if number.isdigit() else None
+    return parse_cache_size(text)
 
 
 def _sync(device: torch.device) -> None:

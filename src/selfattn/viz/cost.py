@@ -16,7 +16,7 @@ from ..ref.online import OnlineSoftmaxState, logsumexp, online_softmax_update
 from . import COLORSCALE, describe
 
 __all__ = ["scaling_view", "scaling_figure", "tiles_data", "tiles_view", "tiles_figure", "lookup_figure",
-           "fitted_slope"]
+           "fitted_slope", "traffic_figure", "block_time_figure"]
 
 # Okabe-Ito colours: distinct for colour-blind readers; dashes tell the series apart in grayscale.
 _COLOURS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9"]
@@ -193,3 +193,64 @@ def lookup_figure(weights: dict, targets) -> go.Figure:
     return describe(fig, f"Attention weights of a sharp lookup task for {', '.join(names)} (buttons switch); circles "
                          "mark the key each query should find. Exact attention puts its weight on the circles; "
                          "the window cannot reach circles far from the diagonal; linear attention spreads its weight.")
+
+
+def traffic_figure(lengths, by_length: dict, memories, by_memory: dict, *, fixed_memory: int,
+                   fixed_length: int) -> go.Figure:
+    """Numbers moved between slow and fast memory (the IO model), in two log-log panels: left,
+    against the sequence length T at a fast memory of ``fixed_memory`` bytes (``by_length``: name ->
+    one count per length); right, against the fast-memory size M at ``T = fixed_length``
+    (``by_memory``: name -> one count per size). Each legend entry gives its fitted slope (2:
+    quadratic in T; -1: inversely proportional to M; 0: independent of M).
+
+    Source: chapter 10 (Dao et al. 2022, Theorem 2; claim 34)."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=(f"against T (M = {fixed_memory // 1024} KiB)",
+                                        f"against fast memory M (T = {fixed_length})"))
+    for col, (xs, series) in enumerate(((lengths, by_length), (memories, by_memory)), start=1):
+        for i, (name, values) in enumerate(series.items()):
+            slope = fitted_slope(xs, values)
+            fig.add_trace(go.Scatter(x=list(xs), y=[float(f"{v:.4g}") for v in values], mode="lines+markers",
+                                     name=f"{name} (slope {slope:.2f})", legendgroup=f"panel{col}",
+                                     line={"color": _COLOURS[i % 6], "dash": _DASHES[i % 6]}), row=1, col=col)
+    fig.update_xaxes(type="log", title_text="sequence length T (log scale)", row=1, col=1)
+    fig.update_xaxes(type="log", title_text="fast memory M, bytes (log scale)", row=1, col=2)
+    fig.update_yaxes(type="log", title_text="numbers moved (log scale)")
+    fig.update_layout(title="Numbers moved between slow and fast memory, counted", height=470,
+                      template="plotly_white", legend={"orientation": "h", "y": -0.25}, margin={"t": 90})
+    names = ", ".join(dict.fromkeys([*by_length, *by_memory]))
+    return describe(fig, "Two log-log panels of the numbers each algorithm moves between slow and fast "
+                         f"memory ({names}): left against the sequence length at a fast memory of "
+                         f"{fixed_memory // 1024} KiB, right against the fast-memory size at T = {fixed_length}. "
+                         "The legend gives each line's fitted slope.")
+
+
+def block_time_figure(blocks, times_ms, *, sdpa_ms: float, tile_bytes, caches: dict) -> go.Figure:
+    """Time of the tiled forward pass against its (square) block size, with SDPA's time as a
+    horizontal line and the block sizes where the score tile (``tile_bytes``, one per block) outgrows
+    each cache in ``caches`` (name -> bytes, as :func:`selfattn.device.cpu_cache_sizes` reports).
+
+    Source: chapter 10."""
+    blocks, times_ms, tile_bytes = list(blocks), list(times_ms), list(tile_bytes)
+    fig = go.Figure(go.Scatter(x=blocks, y=[float(f"{t:.4g}") for t in times_ms], mode="lines+markers",
+                               name="tiled attention", line={"color": _COLOURS[0]},
+                               customdata=[f"{b / 2**10:,.0f} KiB" for b in tile_bytes],
+                               hovertemplate="block %{x}: %{y} ms, score tile %{customdata}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[blocks[0], blocks[-1]], y=[float(f"{sdpa_ms:.4g}")] * 2, mode="lines",
+                             name="PyTorch SDPA (one fused kernel)", line={"color": _COLOURS[1], "dash": "dash"}))
+    marks = []
+    for i, (name, size) in enumerate(sorted(((n, s) for n, s in caches.items() if not n.endswith("i")),
+                                            key=lambda item: item[1])):
+        first_over = next((b for b, tb in zip(blocks, tile_bytes, strict=True) if tb > size), None)
+        if first_over is None:
+            continue
+        fig.add_vline(x=first_over, line={"color": _COLOURS[2 + i % 4], "dash": "dot"},
+                      annotation_text=f"tile > {name}", annotation_position="top left")
+        marks.append(f"{name} ({size // 2**10:,} KiB) from block {first_over}")
+    fig.update_xaxes(type="log", title_text="block size (queries = keys per tile, log scale)")
+    fig.update_yaxes(type="log", title_text="time per forward pass, ms (log scale)")
+    fig.update_layout(title="Tiled attention: time against block size", height=440, template="plotly_white",
+                      legend={"orientation": "h", "y": -0.22})
+    where = "; the score tile outgrows " + ", ".join(marks) if marks else ""
+    return describe(fig, f"Log-log plot of the tiled forward pass's time against its block size "
+                         f"({blocks[0]} to {blocks[-1]}), with SDPA's time as a dashed line{where}.")

@@ -1,0 +1,160 @@
+"""The IO model of attention: bytes moved between slow and fast memory, counted by watching the code.
+
+Dao et al. (2022, Theorem 2) count the numbers an attention kernel moves between a large slow memory
+(a GPU's HBM; a CPU's DRAM) and a fast memory of ``M`` numbers (SRAM; cache): standard attention
+moves Theta(T d + T^2), the tiled algorithm Theta(T^2 d^2 / M). :func:`count_traffic` counts those
+moves for any torch code, without changing it: a ``TorchDispatchMode`` sees every operation the code
+runs and records, for each tensor argument and result, how many bytes of which storage it reads or
+writes. After the run a storage counts as *slow memory* if it is one of the named inputs, one of the
+results, or larger than ``fast_memory`` bytes (it cannot fit); everything else (tiles, running
+statistics, scalars) is fast memory, and moves within it are free. View operations (slicing, reshaping,
+transposing) move nothing.
+
+Counting rules, per operation: a tensor argument is *read* (its viewed elements, ``numel *
+element_size`` bytes); an argument the operation writes in place is read and written, except that
+``copy_``, ``fill_``, ``zero_`` and ``out=`` arguments are only written; a result that is a new storage
+is written; allocating (``empty``) moves nothing. Introduced in chapter 10.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["Traffic", "count_traffic", "flash_block_sizes"]
+
+_aten = torch.ops.aten
+# Operations that move nothing: allocation without initialisation, and metadata.
+_NO_TRAFFIC = {_aten.empty.memory_format, _aten.empty_strided.default, _aten.empty_like.default,
+               _aten.sym_size.int, _aten.sym_stride.int, _aten.sym_numel.default}
+_WRITE_ONLY = {_aten.copy_.default, _aten.fill_.Scalar, _aten.fill_.Tensor, _aten.zero_.default}
+
+
+@dataclass
+class Traffic:
+    """Bytes one computation moved between slow and fast memory, as :func:`count_traffic` counted.
+
+    ``read`` and ``written``: bytes per slow storage, keyed by the name the caller gave an input
+    (``"Q"``, ``"K"``, ...), ``"output"`` for a result, or ``"intermediate"`` for any other slow storage
+    (a tensor larger than the fast memory, such as standard attention's score matrix).
+    ``largest_fast``: the largest storage (bytes) that stayed in fast memory. ``operations``: how many
+    operations ran that are not views or allocations (each one a separate pass, a separate dispatch)."""
+
+    read: dict[str, int] = field(default_factory=dict)
+    written: dict[str, int] = field(default_factory=dict)
+    largest_fast: int = 0
+    operations: int = 0
+
+    @property
+    def total(self) -> int:
+        """All bytes moved: every read from and write to slow memory."""
+        return sum(self.read.values()) + sum(self.written.values())
+
+
+class _TrafficMode(TorchDispatchMode):
+    """Records (storage serial, bytes, is_write) for every operation run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self._by_pointer: dict[int, tuple[int, StorageWeakRef]] = {}
+        self.nbytes: list[int] = []  # serial -> size of the storage in bytes
+        self.events: list[tuple[int, int, bool]] = []
+        self.operations = 0
+
+    def serial(self, t: torch.Tensor) -> int:
+        # A data pointer is reused once a storage is freed: a dead or different storage gets a new serial.
+        storage = t.untyped_storage()
+        ref = StorageWeakRef(storage)
+        known = self._by_pointer.get(storage.data_ptr())
+        if known is None or known[1].expired() or known[1].cdata != ref.cdata:
+            known = (len(self.nbytes), ref)
+            self._by_pointer[storage.data_ptr()] = known
+            self.nbytes.append(storage.nbytes())
+        return known[0]
+
+    def _record(self, t: torch.Tensor, write: bool) -> None:
+        self.events.append((self.serial(t), t.numel() * t.element_size(), write))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if func.is_view or func in _NO_TRAFFIC:
+            return result
+        self.operations += 1
+        mutated = set()
+        for i, arg in enumerate(func._schema.arguments):
+            value = args[i] if i < len(args) else kwargs.get(arg.name)
+            if isinstance(value, torch.Tensor) and arg.alias_info is not None and arg.alias_info.is_write:
+                mutated.add(id(value))
+                if not (func in _WRITE_ONLY or arg.name == "out"):
+                    self._record(value, write=False)  # x.mul_(y) reads x before writing it
+                self._record(value, write=True)
+        for value in tree_flatten((args, kwargs))[0]:
+            if isinstance(value, torch.Tensor) and id(value) not in mutated:
+                self._record(value, write=False)
+        mutated_storages = {self.serial(v) for v in tree_flatten((args, kwargs))[0]
+                            if isinstance(v, torch.Tensor) and id(v) in mutated}
+        for value in tree_flatten(result)[0]:
+            if isinstance(value, torch.Tensor) and self.serial(value) not in mutated_storages:
+                self._record(value, write=True)  # a new result: written once
+        return result
+
+
+def count_traffic(fn, *, fast_memory: int, inputs: dict[str, torch.Tensor]) -> tuple[object, Traffic]:
+    """Run ``fn()`` and count the bytes it moves between slow and fast memory (the IO model).
+
+    ``fast_memory``: M, the fast-memory size in bytes (> 0). ``inputs``: the tensors ``fn`` reads from
+    slow memory, by name (their storages are slow whatever their size). Returns ``(fn's result,
+    Traffic)``; every tensor ``fn`` returns is slow memory (``"output"``), as is any storage larger than
+    ``fast_memory``. Counts are exact for the operations run; code outside torch (NumPy) is not seen.
+
+    Raises ``ValueError`` if ``fast_memory`` is not a positive integer or an input is not a tensor.
+    Source: the IO model of Dao et al. (2022), Section 3.2 and Theorem 2; introduced in chapter 10.
+    """
+    if isinstance(fast_memory, bool) or not isinstance(fast_memory, int) or fast_memory <= 0:
+        raise ValueError(f"fast_memory must be a positive number of bytes, got {fast_memory!r}")
+    for name, t in inputs.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"inputs[{name!r}] must be a torch.Tensor, got {type(t).__name__}")
+    mode = _TrafficMode()
+    named = {mode.serial(t): name for name, t in inputs.items()}  # serials before the run: inputs first
+    with mode:
+        result = fn()
+    for t in tree_flatten(result)[0]:
+        if isinstance(t, torch.Tensor):
+            named.setdefault(mode.serial(t), "output")
+    traffic = Traffic(operations=mode.operations)
+    for serial, nbytes, write in mode.events:
+        name = named.get(serial, "intermediate" if mode.nbytes[serial] > fast_memory else None)
+        if name is None:  # a storage that fits in fast memory: moves within it are free
+            traffic.largest_fast = max(traffic.largest_fast, mode.nbytes[serial])
+            continue
+        side = traffic.written if write else traffic.read
+        side[name] = side.get(name, 0) + nbytes
+    return result, traffic
+
+
+def flash_block_sizes(fast_memory: int, d_head: int, element_size: int = 4) -> tuple[int, int]:
+    """Tile sizes ``(block_q, block_k)`` that fit a fast memory of ``fast_memory`` bytes.
+
+    Dao et al. (2022), Algorithm 1, line 1: blocks of ``ceil(M / 4d)`` rows for the loop that reads its
+    operand once, and ``min(ceil(M / 4d), d)`` for the other, so that a query block, its accumulator, a
+    key block and a value block (four blocks of ``d`` numbers per row) and their score tile fit in
+    ``M`` numbers (up to the constant the Theta hides). The package's loop runs over query blocks
+    outside and key blocks inside (FlashAttention-2's order), so the query block is the large one: it
+    decides how many times the keys and values are read, ``ceil(T / block_q)``.
+
+    Raises ``ValueError`` unless ``fast_memory`` holds at least the four rows of ``d_head`` numbers.
+    Introduced in chapter 10.
+    """
+    numbers = fast_memory // element_size
+    if numbers < 4 * d_head:
+        raise ValueError(f"fast_memory={fast_memory} bytes holds {numbers} numbers; tiles of d_head={d_head} "
+                         f"need at least 4 * d_head = {4 * d_head}")
+    rows = math.ceil(numbers / (4 * d_head))
+    return rows, min(rows, d_head)
