@@ -3,10 +3,13 @@
 Claim 17: tiled attention with an online softmax gives the same result (output, log-sum-exp and
 gradients; against the NumPy reference and the plain torch path) with memory linear in length; chunk
 summaries merge in any order; "the same result" is exact in real arithmetic, and in low precision every
-path rounds alike.
+path rounds alike. Claim 34: the tiled loop moves Theta(T^2 d^2 / M) numbers between slow and fast
+memory against Theta(T d + T^2) for standard attention, counted operation by operation.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 import torch
@@ -104,3 +107,44 @@ def test_claim_17_exact_means_exact_in_real_arithmetic_low_precision_rounds_alik
         assert errors["tiled"] <= 4 * max(errors["naive"], errors["sdpa"]), (dtype, errors)
         if dtype in (torch.bfloat16, torch.float16):  # low precision is not exact: every path rounds
             assert min(errors.values()) > 100 * torch.finfo(torch.float32).eps * unit
+
+
+def _standard_attention(q, k, v):  # Dao et al. (2022), Algorithm 0, written as the chapter writes it
+    weights = torch.softmax((q @ k.mT) * q.shape[-1] ** -0.5, dim=-1)
+    return weights @ v
+
+
+def test_claim_34_flash_attention_moves_theta_T2_d2_over_M_numbers_standard_theta_Td_plus_T2_counted():
+    """Counted by watching every torch operation (count_traffic): the package's tiled loop reads K and V
+    once per query block of ceil(M / 4d) rows, Q once, writes O once, plus one NaN-check pass over V:
+    (2 ceil(T / B_r) + 3) T d numbers, so Theta(T^2 d^2 / M). Algorithm 0 writes and reads back three
+    T x T tensors: 6 T^2 + 4 T d, whatever M is. Expected counts are derived here from the algorithms,
+    not taken from the counter."""
+    from selfattn.efficient.io_model import count_traffic
+
+    d = 64
+    counts = {}
+    for T in (1024, 2048):  # inside the theorem's range d <= M <= T d, and T^2 > M
+        for M in (64 * 2**10, 128 * 2**10, 256 * 2**10):  # bytes; float32: M / 4 numbers
+            q, k, v = (torch.randn(T, d) for _ in range(3))
+            rows = -(-(M // 4) // (4 * d))  # Algorithm 1: ceil(M / 4d) rows a block
+            names = {"Q": q, "K": k, "V": v}
+            with torch.no_grad():
+                out_t, tiled = count_traffic(partial(tiled_attention, q, k, v, block_q=rows, block_k=min(rows, d)),
+                                             fast_memory=M, inputs=names)
+                out_s, std = count_traffic(partial(_standard_attention, q, k, v), fast_memory=M, inputs=names)
+            torch.testing.assert_close(out_t, out_s, rtol=1e-5, atol=1e-5)
+            n_blocks = -(-T // rows)
+            assert tiled.total == 4 * (2 * n_blocks + 3) * T * d, (T, M, tiled)
+            assert tiled.read["K"] == 4 * n_blocks * T * d and tiled.read["V"] == 4 * (n_blocks + 1) * T * d
+            assert "intermediate" not in tiled.read and tiled.largest_fast <= M  # no T x T tensor, tiles fit
+            assert std.total == 4 * (6 * T * T + 4 * T * d), (T, M, std)
+            counts[T, M] = tiled.total, std.total
+    # the theorem's scaling: x4 in T (to the 3Td term), x1/2 in M for the tiled loop, x1 for the standard
+    assert 3.6 < counts[2048, 64 * 2**10][0] / counts[1024, 64 * 2**10][0] <= 4
+    assert 0.5 <= counts[1024, 128 * 2**10][0] / counts[1024, 64 * 2**10][0] < 0.6
+    assert counts[1024, 256 * 2**10][1] == counts[1024, 64 * 2**10][1]
+    assert 3.9 < counts[2048, 64 * 2**10][1] / counts[1024, 64 * 2**10][1] <= 4
+    # and the saving standard / tiled grows like M / d^2, not with T
+    saving = {key: s / t for key, (t, s) in counts.items()}
+    assert 1.8 < saving[2048, 256 * 2**10] / saving[2048, 128 * 2**10] < 2  # -> 2 as 3Td shrinks against the rest

@@ -84,3 +84,17 @@ def test_describe_device_cpu():
     text = describe_device(torch.device("cpu"))
     assert text == f"cpu ({torch.get_num_threads()} threads)"
     assert describe_device("cpu") == text
+
+
+def test_cpu_cache_sizes_reads_linux_sysfs(tmp_path):
+    from selfattn.device import cpu_cache_sizes, parse_cache_size
+
+    for i, (level, kind, size) in enumerate([("1", "Data", "32K"), ("1", "Instruction", "32K"),
+                                             ("2", "Unified", "1024K"), ("3", "Unified", "32768K")]):
+        folder = tmp_path / f"index{i}"
+        folder.mkdir()
+        for name, text in (("level", level), ("type", kind), ("size", size + "\n")):
+            (folder / name).write_text(text)
+    assert cpu_cache_sizes(str(tmp_path)) == {"L1d": 32 * 2**10, "L1i": 32 * 2**10, "L2": 2**20, "L3": 32 * 2**20}
+    assert cpu_cache_sizes(str(tmp_path / "absent")) == {}
+    assert parse_cache_size("2M") == 2 * 2**20 and parse_cache_size("512") == 512 and parse_cache_size("big") is None

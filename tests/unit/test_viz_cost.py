@@ -71,3 +71,23 @@ def test_tiles_layout_keeps_legend_colorbar_and_labels_apart():
         assert left_end <= colorbar.x < right_start and colorbar.xanchor == "left"  # in the gap
         assert right_start - left_end >= 0.15
         assert fig.layout.yaxis2.showticklabels is False  # the query labels only once, on the left
+
+
+def test_traffic_figure_has_one_line_per_series_and_panel_with_fitted_slopes():
+    from selfattn.viz.cost import traffic_figure
+
+    fig = traffic_figure([256, 512], {"standard": [4, 16], "tiled": [2, 8]}, [1024, 2048],
+                         {"standard": [16, 16], "tiled": [8, 4]}, fixed_memory=65536, fixed_length=512)
+    assert [t.name for t in fig.data] == ["standard (slope 2.00)", "tiled (slope 2.00)", "standard (slope 0.00)",
+                                          "tiled (slope -1.00)"]
+    assert fig.layout.xaxis.type == "log" and fig.layout.xaxis2.type == "log" and figure_description(fig)
+
+
+def test_block_time_figure_marks_where_the_tile_outgrows_each_data_cache():
+    from selfattn.viz.cost import block_time_figure
+
+    fig = block_time_figure([32, 64, 128], [3.0, 2.0, 2.5], sdpa_ms=1.5, tile_bytes=[10, 100, 1000],
+                            caches={"L1d": 50, "L1i": 50, "L2": 500, "L3": 5000})
+    marks = [a.text for a in fig.layout.annotations]
+    assert marks == ["tile > L1d", "tile > L2"]  # no instruction cache; the L3 is never outgrown
+    assert list(fig.data[1].y) == [1.5, 1.5] and "L2 (0 KiB) from block 128" in figure_description(fig)

@@ -85,22 +85,27 @@ class _TrafficMode(TorchDispatchMode):
         result = func(*args, **kwargs)
         if func.is_view or func in _NO_TRAFFIC:
             return result
-        self.operations += 1
-        mutated = set()
+        tensors = [v for v in tree_flatten((args, kwargs))[0] if isinstance(v, torch.Tensor)]
+        mutated: dict[int, bool] = {}  # id of a tensor the operation writes -> whether it only writes it
         for i, arg in enumerate(func._schema.arguments):
             value = args[i] if i < len(args) else kwargs.get(arg.name)
             if isinstance(value, torch.Tensor) and arg.alias_info is not None and arg.alias_info.is_write:
-                mutated.add(id(value))
-                if not (func in _WRITE_ONLY or arg.name == "out"):
+                mutated[id(value)] = func in _WRITE_ONLY or arg.name == "out"
+        results = [v for v in tree_flatten(result)[0] if isinstance(v, torch.Tensor)]
+        argument_storages = {self.serial(v) for v in tensors}
+        if not mutated and results and all(self.serial(v) in argument_storages for v in results):
+            return result  # a view in all but name (_unsafe_view, alias): it shares its input's numbers
+        self.operations += 1
+        for value in tensors:
+            if id(value) in mutated:
+                if not mutated[id(value)]:
                     self._record(value, write=False)  # x.mul_(y) reads x before writing it
                 self._record(value, write=True)
-        for value in tree_flatten((args, kwargs))[0]:
-            if isinstance(value, torch.Tensor) and id(value) not in mutated:
+            else:
                 self._record(value, write=False)
-        mutated_storages = {self.serial(v) for v in tree_flatten((args, kwargs))[0]
-                            if isinstance(v, torch.Tensor) and id(v) in mutated}
-        for value in tree_flatten(result)[0]:
-            if isinstance(value, torch.Tensor) and self.serial(value) not in mutated_storages:
+        mutated_storages = {self.serial(v) for v in tensors if id(v) in mutated}
+        for value in results:
+            if self.serial(value) not in mutated_storages:
                 self._record(value, write=True)  # a new result: written once
         return result
 

@@ -34,8 +34,8 @@ import torch
 
 from .._validate import require_positive_int
 from ..attention import scaled_dot_product_attention
-from ..gqa import _as_python_number, kv_cache_bytes_per_token
 from ..device import parse_cache_size
+from ..gqa import _as_python_number, kv_cache_bytes_per_token
 
 __all__ = [
     "ModelSpec",

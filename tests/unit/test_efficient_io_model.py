@@ -1,0 +1,99 @@
+"""``count_traffic``: the bytes torch code moves between slow and fast memory (the IO model of chapter 10).
+
+Each expected count is worked out by hand from the counting rules in the module docstring."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from selfattn.efficient.io_model import count_traffic, flash_block_sizes
+
+BIG = 1024 * 4  # bytes of a (1024,) float32 tensor
+
+
+def _vec(n=1024):
+    return torch.arange(n, dtype=torch.float32)
+
+
+def test_a_reduction_reads_its_input_once_and_writes_its_result():
+    q = _vec()
+    result, traffic = count_traffic(lambda: q.sum(), fast_memory=64, inputs={"Q": q})
+    assert float(result) == pytest.approx(1023 * 1024 / 2, rel=0, abs=0)
+    assert traffic.read == {"Q": BIG} and traffic.written == {"output": 4} and traffic.operations == 1
+
+
+def test_views_move_nothing():
+    q = _vec().reshape(32, 32)
+    _, traffic = count_traffic(lambda: q[:8].T[:5].unsqueeze(0).reshape(5, 8), fast_memory=64, inputs={"Q": q})
+    assert traffic.total == 0 and traffic.operations == 0
+
+
+def test_a_reshape_that_must_copy_reads_and_writes_the_elements_once():
+    q = _vec().reshape(32, 32)
+    _, traffic = count_traffic(lambda: q[:8].T.reshape(-1), fast_memory=64, inputs={"Q": q})
+    assert traffic.read == {"Q": 8 * 32 * 4} and traffic.written == {"output": 8 * 32 * 4}
+    assert traffic.operations == 1  # the copy; the view that follows it is free
+
+
+def test_only_the_viewed_elements_of_a_slice_are_read():
+    q = _vec()
+    _, traffic = count_traffic(lambda: q[100:200].sum(), fast_memory=64, inputs={"Q": q})
+    assert traffic.read == {"Q": 100 * 4}
+
+
+def test_in_place_reads_and_writes_copy_and_out_only_write():
+    q, o = _vec(), torch.zeros(1024)
+    _, in_place = count_traffic(lambda: q.mul_(2.0), fast_memory=64, inputs={"Q": q})
+    assert in_place.read == {"Q": BIG} and in_place.written == {"Q": BIG}  # the result aliases Q: not written twice
+    _, copy = count_traffic(lambda: o.copy_(q), fast_memory=64, inputs={"Q": q, "O": o})
+    assert copy.read == {"Q": BIG} and copy.written == {"O": BIG}
+    k = _vec()
+    _, out = count_traffic(lambda: torch.add(q, k, out=o), fast_memory=64, inputs={"Q": q, "K": k, "O": o})
+    assert out.read == {"Q": BIG, "K": BIG} and out.written == {"O": BIG}
+
+
+def test_a_temporary_too_big_for_fast_memory_goes_to_slow_memory_each_time():
+    q = _vec()
+
+    def twice():
+        return sum(float((q * 2).sum()) for _ in range(2))  # a new (1024,) temporary each time
+
+    _, small_m = count_traffic(twice, fast_memory=BIG - 1, inputs={"Q": q})
+    assert small_m.written == {"intermediate": 2 * BIG} and small_m.read == {"Q": 2 * BIG, "intermediate": 2 * BIG}
+    _, large_m = count_traffic(twice, fast_memory=BIG, inputs={"Q": q})  # fits: moves inside fast memory are free
+    assert "intermediate" not in large_m.written and large_m.read == {"Q": 2 * BIG}
+    assert large_m.largest_fast == BIG
+
+
+def test_results_are_slow_memory_whatever_their_size():
+    q = _vec(4)
+    _, traffic = count_traffic(lambda: q + 1, fast_memory=2**20, inputs={"Q": q})
+    assert traffic.read == {"Q": 16} and traffic.written == {"output": 16}
+
+
+def test_allocation_moves_nothing_filling_writes():
+    _, empty = count_traffic(lambda: torch.empty(1024), fast_memory=64, inputs={})
+    assert empty.total == 0
+    _, zeros = count_traffic(lambda: torch.zeros(1024), fast_memory=64, inputs={})
+    assert zeros.written == {"output": BIG}
+
+
+@pytest.mark.parametrize("bad", [0, -4, 1.5, True, "64"])
+def test_fast_memory_must_be_a_positive_int(bad):
+    with pytest.raises(ValueError, match="fast_memory must be a positive number of bytes"):
+        count_traffic(lambda: None, fast_memory=bad, inputs={})
+
+
+def test_inputs_must_be_tensors():
+    with pytest.raises(ValueError, match=r"inputs\['Q'\] must be a torch.Tensor, got list"):
+        count_traffic(lambda: None, fast_memory=64, inputs={"Q": [1.0]})
+
+
+def test_flash_block_sizes_follow_algorithm_1():
+    assert flash_block_sizes(64 * 2**10, 64) == (64, 64)  # 16384 numbers / (4 x 64) = 64 rows
+    assert flash_block_sizes(512 * 2**10, 64) == (512, 64)  # the second block stops at d
+    assert flash_block_sizes(1000 * 4, 64) == (4, 4)  # ceil(1000 / 256)
+    assert flash_block_sizes(64 * 2**10, 64, element_size=2) == (128, 64)
+    with pytest.raises(ValueError, match="need at least 4 \\* d_head = 256"):
+        flash_block_sizes(1000, 64)
