@@ -7,9 +7,15 @@ PyTorch SDPA with each backend forced (flash, efficient, cuDNN, math), the tiled
 (``tiled_forward_torch``) and the Triton kernel (``triton_forward``). Each output is compared with a
 float32 reference (the tiled torch path in float32, exact by the test suite), and timed with CUDA
 events (median of repeats); throughput is reported in TFLOP/s against the measured bfloat16
-matrix-multiply peak of the same GPU. Configurations a backend refuses, or that run out of memory,
-are reported as such. On a machine without a CUDA GPU it says so and exits (status 0): the CPU path
-is measured by ``bench/attention_bench.py``.
+matrix-multiply peak of the same GPU. A second table does the same for the backward pass (dq, dk,
+dv for a random output gradient): SDPA's backward with each backend, the Triton backward
+(``triton_backward``) and ``tiled_attention`` under autograd (which runs the Triton forward and
+backward on CUDA), against float32 reference gradients (``tiled_backward_torch`` in float32); its
+error is the largest of max |grad - reference| / max |reference| over dq, dk and dv, and its
+throughput counts 2.5 times the forward's FLOPs (five matrix products for the forward's two).
+Configurations a backend refuses, or that run out of memory, are reported as such. On a machine
+without a CUDA GPU it says so and exits (status 0): the CPU path is measured by
+``bench/attention_bench.py``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,15 @@ import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
 B, H, D_HEAD = 1, 16, 128
+# what a configuration may raise and be reported as (refused, out of memory), not end the check:
+# Triton's own errors (a kernel that needs more shared memory than the GPU has) are no RuntimeError
+_REFUSALS: tuple[type[BaseException], ...] = (RuntimeError, torch.OutOfMemoryError)
+try:
+    from triton.errors import TritonError
+
+    _REFUSALS += (TritonError,)
+except ImportError:  # no Triton: the Triton rows fail with RuntimeError ("triton is not installed")
+    pass
 
 
 def _bf16_matmul_tflops(n: int = 8192, repeats: int = 10) -> float:
@@ -71,6 +86,66 @@ def _implementations(causal: bool):
     }, vis
 
 
+def _backward_implementations(causal: bool, vis):
+    """For each backward: ``prepare(q, k, v, d_out)`` runs the forward once (untimed) and returns a
+    function computing ``(dq, dk, dv)``, the part that is timed (autograd keeps the graph for repeats)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from selfattn.efficient.tiled import tiled_attention
+    from selfattn.efficient.triton_kernel import triton_backward, triton_forward
+
+    scale = 1 / math.sqrt(D_HEAD)
+
+    def sdpa(backend):
+        def prepare(q, k, v, d_out):
+            leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
+            with sdpa_kernel([backend]):  # the backend is fixed by the forward; its backward follows
+                out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+            return lambda: torch.autograd.grad(out, leaves, d_out, retain_graph=True)
+        return prepare
+
+    def triton(q, k, v, d_out):
+        out, lse = triton_forward(q, k, v, vis, scale, 128, 64)
+        return lambda: triton_backward(q, k, v, out, lse, d_out, vis, scale, 64, 64)
+
+    def tiled_autograd(q, k, v, d_out):  # the wiring: Triton forward and backward inside tiled_attention
+        leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
+        out = tiled_attention(*leaves, causal=causal, block_q=128, block_k=64)
+        return lambda: torch.autograd.grad(out, leaves, d_out, retain_graph=True)
+
+    return {
+        "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
+        "sdpa-efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION),
+        "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+        "sdpa-math": sdpa(SDPBackend.MATH),
+        "triton": triton,
+        "tiled_attention (autograd)": tiled_autograd,
+    }
+
+
+def _reference_gradients(q, k, v, d_out, vis):
+    """float32 reference ``(dq, dk, dv)``: the tiled torch forward and backward in float32."""
+    from selfattn.efficient.tiled import tiled_backward_torch, tiled_forward_torch
+
+    q, k, v, d_out = (x.float() for x in (q, k, v, d_out))
+    out, lse = tiled_forward_torch(q, k, v, vis, 1 / math.sqrt(D_HEAD), 2048, 2048)
+    # the torch backward takes the base-2 log-sum-exp, lse * log2 e
+    return tiled_backward_torch(q, k, v, out, lse / math.log(2.0), d_out, vis, 1 / math.sqrt(D_HEAD), 2048, 2048)
+
+
+def _row(T: int, causal: bool, name: str, seconds: float, flops: float, peak: float, error: float,
+         status: str) -> str:
+    tflops = flops / seconds / 1e12
+    return (f"| {T} | {'yes' if causal else 'no'} | {name} | {seconds * 1e3:.2f} | {tflops:.1f} "
+            f"| {100 * tflops / peak:.0f}% | {error:.2e} | {status} |")
+
+
+def _failed_row(T: int, causal: bool, name: str, err: Exception) -> str:
+    reason = str(err).splitlines()[0][:80].replace("|", "/") if str(err) else type(err).__name__
+    return f"| {T} | {'yes' if causal else 'no'} | {name} | - | - | - | - | {reason} |"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-T", type=int, default=32768)
@@ -91,6 +166,11 @@ def main(argv=None) -> int:
              f"{args.repeats} runs (CUDA events).", "",
              "| T | causal | implementation | ms | TFLOP/s | % of matmul peak | max error | status |",
              "|---:|:---:|:---|---:|---:|---:|---:|:---|"]
+    backward_lines = ["", "## Backward (dq, dk, dv)", "",
+                      "Error: the largest over dq, dk, dv of max |grad - float32 reference| / max |reference|. "
+                      "TFLOP/s counts 2.5 times the forward's FLOPs.", "",
+                      "| T | causal | implementation | ms | TFLOP/s | % of matmul peak | max rel. error | status |",
+                      "|---:|:---:|:---|---:|---:|---:|---:|:---|"]
     T = 1024
     while T <= args.max_T:
         g = torch.Generator(device="cuda").manual_seed(T)
@@ -103,18 +183,33 @@ def main(argv=None) -> int:
                 try:
                     error = float((fn(q, k, v).float() - reference).abs().max())
                     seconds = _cuda_time(lambda fn=fn, q=q, k=k, v=v: fn(q, k, v), args.repeats)
-                    tflops = flops / seconds / 1e12
-                    status = "ok" if error < 2e-2 else "INACCURATE"
-                    lines.append(f"| {T} | {'yes' if causal else 'no'} | {name} | {seconds * 1e3:.2f} | {tflops:.1f} "
-                                 f"| {100 * tflops / peak:.0f}% | {error:.2e} | {status} |")
-                except (RuntimeError, torch.OutOfMemoryError) as err:  # refused or out of memory
-                    reason = str(err).splitlines()[0][:80].replace("|", "/")
-                    lines.append(f"| {T} | {'yes' if causal else 'no'} | {name} | - | - | - | - | {reason} |")
+                    lines.append(_row(T, causal, name, seconds, flops, peak, error,
+                                      "ok" if error < 2e-2 else "INACCURATE"))
+                except _REFUSALS as err:  # refused, out of memory or out of GPU resources
+                    lines.append(_failed_row(T, causal, name, err))
                 torch.cuda.empty_cache()
-            print(f"  T={T} causal={causal} done", file=sys.stderr, flush=True)
             del reference
+            d_out = torch.randn(B, H, T, D_HEAD, device="cuda", generator=g, dtype=torch.bfloat16)
+            reference_grads = _reference_gradients(q, k, v, d_out, vis)
+            for name, prepare in _backward_implementations(causal, vis).items():
+                try:
+                    backward = prepare(q, k, v, d_out)
+                    grads = backward()
+                    # relative to the largest reference gradient: dk and dv shrink as T grows
+                    error = max(float((got.float() - want).abs().max() / want.abs().max())
+                                for got, want in zip(grads, reference_grads, strict=True))
+                    del grads
+                    seconds = _cuda_time(backward, args.repeats)
+                    backward_lines.append(_row(T, causal, name, seconds, 2.5 * flops, peak, error,
+                                               "ok" if error < 5e-2 else "INACCURATE"))
+                except _REFUSALS as err:  # refused, out of memory or out of GPU resources
+                    backward_lines.append(_failed_row(T, causal, name, err))
+                backward = grads = None  # free the graph a forward kept for its backward
+                torch.cuda.empty_cache()
+            del reference_grads, d_out
+            print(f"  T={T} causal={causal} done", file=sys.stderr, flush=True)
         T *= 2
-    table = "\n".join(lines) + "\n"
+    table = "\n".join(lines + backward_lines) + "\n"
     print(table)
     slug = "".join(c if c.isalnum() else "-" for c in device_name).strip("-").lower()
     out = args.out or RESULTS / f"gpu-{dt.date.today().isoformat()}-{slug}.md"

@@ -194,3 +194,188 @@ def test_triton_forward_keeps_hidden_nonfinite_out_of_gradients():
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report["launched"] == 36, report["launched"]  # every call went to the Triton forward
     assert report["failures"] == [], "\n".join(report["failures"])
+
+
+# ------------------------------------------------------------------------------------------------
+# The backward kernels (dq, dk, dv; Dao 2023, Algorithm 2)
+# ------------------------------------------------------------------------------------------------
+
+_BACKWARD_SCRIPT = textwrap.dedent("""
+    import json
+    import torch
+    import selfattn
+    from selfattn.efficient.tiled import Visibility
+    from selfattn.efficient.triton_kernel import triton_backward, triton_forward
+    torch.manual_seed(0)
+
+    def oracle(q, k, v, alignment, d_out):
+        # float64 autograd through the dense reference
+        q, k, v = (x.detach().double().requires_grad_(True) for x in (q, k, v))
+        T, S = q.shape[-2], k.shape[-2]
+        keep = None if alignment is None else selfattn.causal_mask(T, S, alignment=alignment)
+        out = selfattn.scaled_dot_product_attention(q, k, v, keep, scale=0.3)
+        return torch.autograd.grad(out, (q, k, v), d_out.double())
+
+    def errors(got, want):
+        # max |got - want| / max |want| per gradient; NaN propagates through amax (NaN > tol is False,
+        # so the test also checks finiteness explicitly)
+        return [float((g.double() - w).abs().amax() / w.abs().amax()) for g, w in zip(got, want)]
+
+    # (name, B, H, T, S, Dh, Dv, alignment, dtype); block 16: T and S are not multiples of it
+    cases = [("no mask, uneven tiles", 2, 2, 37, 29, 16, 24, None, torch.float32),
+             ("causal top-left T < S", 1, 2, 20, 45, 16, 16, "top_left", torch.float32),
+             ("causal top-left T > S", 1, 2, 40, 20, 16, 16, "top_left", torch.float32),
+             ("causal bottom-right T < S, Dh 12 Dv 20", 1, 2, 20, 45, 12, 20, "bottom_right", torch.float32),
+             ("causal bottom-right T > S (rows 0..24 see nothing)", 1, 2, 45, 20, 8, 16, "bottom_right",
+              torch.float32),
+             ("causal T == S, Dh 24 Dv 40", 2, 1, 33, 33, 24, 40, "top_left", torch.float32),
+             ("float64", 1, 2, 20, 27, 16, 16, "bottom_right", torch.float64),
+             ("float16", 1, 2, 20, 27, 16, 16, "bottom_right", torch.float16)]
+    report = []
+    for name, B, H, T, S, Dh, Dv, alignment, dtype in cases:
+        q, k, v = (torch.randn(B, H, n, d, dtype=dtype) for n, d in ((T, Dh), (S, Dh), (S, Dv)))
+        offset = None if alignment is None else (S - T if alignment == "bottom_right" else 0)
+        vis = Visibility(causal_offset=offset)
+        out, lse = triton_forward(q, k, v, vis, 0.3, 16, 16)
+        d_out = torch.randn(B, H, T, Dv, dtype=dtype)
+        grads = triton_backward(q, k, v, out, lse, d_out, vis, 0.3, 16, 16)
+        want = oracle(q, k, v, alignment, d_out)
+        empty = torch.isneginf(lse)  # (B, H, T): queries that see no key
+        report.append({
+            "case": name, "dtype": str(dtype), "errors": errors(grads, want),
+            "dtypes": [str(g.dtype) for g in grads], "shapes_ok": [g.shape == x.shape for g, x in zip(grads, (q, k, v))],
+            "finite": [bool(torch.isfinite(g).all()) for g in grads],
+            "empty_rows": int(empty.sum()), "empty_dq_zero": bool((grads[0][empty] == 0).all()),
+        })
+    # a NaN key hidden by the causal mask from queries 0..14 (the fallback to the torch loop):
+    # their dq must be finite and exact; the oracle uses a clean key there, which they never see
+    q, k, v = torch.randn(1, 2, 20, 16), torch.randn(1, 2, 20, 16), torch.randn(1, 2, 20, 16)
+    clean = k.clone()
+    k[..., 15, :] = float("nan")
+    vis = Visibility(causal_offset=0)
+    out, lse = triton_forward(q, k, v, vis, 0.3, 16, 16)
+    d_out = torch.randn(1, 2, 20, 16)
+    dq, _, _ = triton_backward(q, k, v, out, lse, d_out, vis, 0.3, 16, 16)
+    want_dq = oracle(q, clean, v, "top_left", d_out)[0]
+    report.append({"case": "hidden NaN key", "finite_before": bool(torch.isfinite(dq[..., :15, :]).all()),
+                   "nan_from": bool(torch.isnan(dq[..., 15:, :]).all()),
+                   "error": float((dq.double() - want_dq)[..., :15, :].abs().amax() / want_dq.abs().amax())})
+    print(json.dumps(report))
+""")
+
+# float32: each gradient entry sums at most 45 products of float32-rounded factors, and the
+# recomputed weights carry the rounding of exp(s - lse); measured errors are 1e-7 to 5e-7 of the
+# largest gradient, so 1e-5 (about 170 float32 roundings) leaves room for summation order while a
+# wrong mask, tile bound or lse convention (errors of 1e-2 and more) cannot pass. float64: the same
+# sums in float64. float16: operands of the products are rounded to float16 (eps 4.9e-4; dS and P are
+# rounded before dS K and P^T dO), measured 3e-4 to 4e-4.
+_BACKWARD_TOL = {"torch.float32": 1e-5, "torch.float64": 1e-12, "torch.float16": 5e-3}
+
+
+def test_triton_backward_in_interpreter_matches_float64_autograd():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, "-c", _BACKWARD_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(report) == 9
+    nan_case = report.pop()
+    assert nan_case["finite_before"] and nan_case["nan_from"], nan_case
+    assert nan_case["error"] < 1e-5, nan_case  # NaN < tol is False: a NaN error fails
+    for case in report:
+        assert all(case["finite"]), case
+        assert case["dtypes"] == [case["dtype"]] * 3 and all(case["shapes_ok"]), case
+        assert all(e < _BACKWARD_TOL[case["dtype"]] for e in case["errors"]), case
+        assert case["empty_dq_zero"], case
+    masked = [c for c in report if c["case"].startswith("causal bottom-right T > S")]
+    assert masked[0]["empty_rows"] == 2 * 25, masked  # the case does have rows that see no key
+
+
+_WIRING_SCRIPT = textwrap.dedent("""
+    import json
+    import torch
+    import selfattn
+    from selfattn.efficient import tiled, triton_kernel
+    torch.manual_seed(0)
+    calls = {"forward": 0, "backward": 0}
+
+    def forward(*args):
+        calls["forward"] += 1
+        return triton_kernel.triton_forward(*args)
+
+    def backward(*args):
+        calls["backward"] += 1
+        return triton_kernel.triton_backward(*args)
+
+    # what tiled_attention picks on CUDA, here on the CPU interpreter
+    tiled.pick_forward = lambda q, vis: forward
+    tiled.pick_backward = lambda q, vis: backward
+    q, k, v = torch.randn(1, 2, 45, 12), torch.randn(1, 2, 20, 12), torch.randn(1, 2, 20, 20)
+    d_out = torch.randn(1, 2, 45, 20)
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    out = tiled.tiled_attention(*leaves, causal=True, alignment="bottom_right", scale=0.3, block_q=16, block_k=16)
+    got = torch.autograd.grad(out, leaves, d_out)
+    leaves64 = [x.double().requires_grad_(True) for x in (q, k, v)]
+    want = torch.autograd.grad(selfattn.scaled_dot_product_attention(
+        *leaves64, selfattn.causal_mask(45, 20, alignment="bottom_right"), scale=0.3), leaves64, d_out.double())
+    print(json.dumps({"calls": calls, "finite": [bool(torch.isfinite(g).all()) for g in got],
+                      "errors": [float((g.double() - w).abs().amax() / w.abs().amax()) for g, w in zip(got, want)]}))
+""")
+
+
+def test_tiled_attention_runs_triton_forward_and_backward_when_picked():
+    # the autograd Function hands the Triton backward the kernel's natural-log lse (a base-2 lse
+    # would give errors of order 1) and uses it only when the forward ran the kernel
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, "-c", _WIRING_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["calls"] == {"forward": 1, "backward": 1}, report
+    assert all(report["finite"]), report
+    assert all(e < 1e-5 for e in report["errors"]), report
+
+
+def test_backward_dispatch_picks_torch_loop_on_cpu_and_triton_on_cuda(monkeypatch):
+    from selfattn.efficient import triton_kernel
+
+    q = torch.zeros(1, 1, 4, 4)
+    assert tiled.pick_backward(q, Visibility()) is tiled.tiled_backward_torch
+    assert tiled.pick_backward(q, Visibility(causal_offset=0)) is tiled.tiled_backward_torch
+
+    class FakeCuda:
+        is_cuda = True
+
+        def numel(self):
+            return 16
+
+    assert tiled.pick_backward(FakeCuda(), Visibility()) is triton_kernel.triton_backward
+    assert tiled.pick_backward(FakeCuda(), Visibility(causal_offset=-3)) is triton_kernel.triton_backward
+    # a general mask or a window stays on the torch loop even on CUDA
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    assert tiled.pick_backward(FakeCuda(), Visibility(mask=mask)) is tiled.tiled_backward_torch
+    assert tiled.pick_backward(FakeCuda(), Visibility(causal_offset=0, window=3)) is tiled.tiled_backward_torch
+    empty = FakeCuda()
+    empty.numel = lambda: 0
+    assert tiled.pick_backward(empty, Visibility()) is tiled.tiled_backward_torch
+    monkeypatch.setattr(triton_kernel, "triton_available", lambda: False)
+    assert tiled.pick_backward(FakeCuda(), Visibility()) is tiled.tiled_backward_torch
+
+
+def test_cpu_tiled_attention_never_calls_the_triton_backward(monkeypatch):
+    from selfattn.efficient import triton_kernel
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the Triton backward was called on the CPU")
+
+    monkeypatch.setattr(triton_kernel, "triton_backward", refuse)
+    q, k, v = (torch.randn(1, 2, 9, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    tiled.tiled_attention(q, k, v, causal=True, block_q=4, block_k=4).sum().backward()
+    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+
+
+def test_triton_backward_refuses_general_mask():
+    from selfattn.efficient.triton_kernel import triton_backward
+
+    q = torch.zeros(1, 1, 4, 4)
+    with pytest.raises(ValueError, match="causal or no masking"):
+        triton_backward(q, q, q, q, q[..., 0], q, Visibility(mask=torch.ones(4, 4, dtype=torch.bool)), 1.0)

@@ -466,6 +466,19 @@ def pick_forward(q: torch.Tensor, vis: Visibility):
     return tiled_forward_torch
 
 
+def pick_backward(q: torch.Tensor, vis: Visibility):
+    """Choose the backward kernel by the rule of :func:`pick_forward`: the Triton kernels
+    (:func:`~selfattn.efficient.triton_kernel.triton_backward`, natural-log ``lse``) for CUDA tensors
+    with causal or no masking and no sliding window, else the torch loop :func:`tiled_backward_torch`
+    (base-2 ``lse``). Only asked when the forward ran the Triton kernel (never with a bias)."""
+    if q.is_cuda and vis.mask is None and vis.window is None and q.numel() > 0:
+        from . import triton_kernel
+
+        if triton_kernel.triton_available():
+            return triton_kernel.triton_backward
+    return tiled_backward_torch
+
+
 class _TiledAttentionFunction(torch.autograd.Function):
     """Forward by tiles (torch loop or Triton), backward by recomputation; the weights are never
     stored, so the memory kept for backward is q, k, v, out and lse (and a bias tensor if one was
@@ -478,14 +491,20 @@ class _TiledAttentionFunction(torch.autograd.Function):
         tile_bias = _TensorBias(bias, q.shape[:-2], T, S) if bias is not None else score_bias
         # the Triton kernel has no bias: a biased call always takes the torch loop
         forward = tiled_forward_torch if tile_bias is not None else pick_forward(q, vis)
+        backward = tiled_backward_torch
         if forward is tiled_forward_torch:  # keep the loop's own base-2 lse: the backward needs it exact
             out, m2, log2_l = _tiled_forward_base2(q, k, v, vis, scale, block_q, block_k, bias=tile_bias)
             lse = (m2 + log2_l) * _LN2
         else:  # the Triton kernel works in natural log
             out, lse = forward(q, k, v, vis, scale, block_q, block_k)
-            m2, log2_l = lse * _LOG2E, torch.zeros_like(lse)
+            backward = pick_backward(q, vis)
+            if backward is tiled_backward_torch:
+                m2, log2_l = lse * _LOG2E, torch.zeros_like(lse)
+            else:  # the Triton backward takes the kernel's natural-log lse as it is: no conversion
+                m2, log2_l = lse.clone(), None  # a copy: the caller may change the returned lse in place
         ctx.save_for_backward(q, k, v, out, m2, log2_l, bias)
         ctx.vis, ctx.scale, ctx.blocks, ctx.score_bias = vis, scale, (block_q, block_k), score_bias
+        ctx.backward_kernel = backward
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -493,6 +512,9 @@ class _TiledAttentionFunction(torch.autograd.Function):
     @once_differentiable  # the hand-written backward is not itself differentiable: a second
     def backward(ctx, d_out, _d_lse):  # derivative raises instead of silently being zero
         q, k, v, out, m2, log2_l, bias = ctx.saved_tensors
+        if ctx.backward_kernel is not tiled_backward_torch:  # the Triton kernels; m2 holds the natural-log lse
+            dq, dk, dv = ctx.backward_kernel(q, k, v, out, m2, d_out, ctx.vis, ctx.scale, *ctx.blocks)
+            return dq, dk, dv, None, None, None, None, None, None
         needs_bias_grad = bias is not None and ctx.needs_input_grad[7]
         tile_bias = (_TensorBias(bias, q.shape[:-2], q.shape[-2], k.shape[-2], needs_grad=needs_bias_grad,
                                  work=_work_dtype(q.dtype)) if bias is not None else ctx.score_bias)
