@@ -568,8 +568,8 @@ def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str 
     ``mask`` and no bias the forward pass runs the Triton kernel
     (:mod:`selfattn.efficient.triton_kernel`); the kernel has no bias, so a call with ``bias`` or
     ``score_bias`` runs the torch tile loop there instead (slower, never without the bias). The
-    backward pass recomputes the weights tile by tile from the log-sum-exp, so training memory is
-    linear in length too.
+    backward pass recomputes the weights tile by tile from the log-sum-exp (with the Triton backward
+    kernels wherever the forward ran the Triton kernel), so training memory is linear in length too.
 
     Args:
         q: queries (..., T, Dh), typically (B, H, T, Dh); float32, float16 or bfloat16.
