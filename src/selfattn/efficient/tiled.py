@@ -452,17 +452,25 @@ def tiled_backward_torch(q, k, v, out, lse2, d_out, vis: Visibility, scale: floa
             dv.view(v.shape).to(v.dtype))
 
 
+def _triton_applies(q: torch.Tensor, vis: Visibility) -> bool:
+    """The Triton kernels' domain: CUDA tensors, causal or no masking, no sliding window, Triton installed."""
+    if not (q.is_cuda and vis.mask is None and vis.window is None and q.numel() > 0):
+        return False
+    from . import triton_kernel
+
+    return triton_kernel.triton_available()
+
+
 def pick_forward(q: torch.Tensor, vis: Visibility):
     """Choose the forward kernel: the Triton kernel for CUDA tensors with causal or no masking and
     no sliding window (when Triton is installed), else the torch loop :func:`tiled_forward_torch`.
 
     Returns a callable with the signature of :func:`tiled_forward_torch` (without
     ``reverse_key_tiles``)."""
-    if q.is_cuda and vis.mask is None and vis.window is None and q.numel() > 0:
+    if _triton_applies(q, vis):
         from . import triton_kernel
 
-        if triton_kernel.triton_available():
-            return triton_kernel.triton_forward
+        return triton_kernel.triton_forward
     return tiled_forward_torch
 
 
@@ -471,11 +479,10 @@ def pick_backward(q: torch.Tensor, vis: Visibility):
     (:func:`~selfattn.efficient.triton_kernel.triton_backward`, natural-log ``lse``) for CUDA tensors
     with causal or no masking and no sliding window, else the torch loop :func:`tiled_backward_torch`
     (base-2 ``lse``). Only asked when the forward ran the Triton kernel (never with a bias)."""
-    if q.is_cuda and vis.mask is None and vis.window is None and q.numel() > 0:
+    if _triton_applies(q, vis):
         from . import triton_kernel
 
-        if triton_kernel.triton_available():
-            return triton_kernel.triton_backward
+        return triton_kernel.triton_backward
     return tiled_backward_torch
 
 
