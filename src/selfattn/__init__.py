@@ -8,9 +8,11 @@ Where each chapter's code lives:
 ==========================================  ==========================================================
 chapter                                     modules
 ==========================================  ==========================================================
-01 tokens and embeddings                    ``embeddings``, ``pretrained``
-02 similarity and softmax                   ``attention`` (``masked_softmax``), ``ref.attention``
-03 queries, keys and values                 ``attention`` (``scaled_dot_product_attention``)
+01 tokens and embeddings                    ``embeddings``, ``pretrained``, ``experiments.context``
+02 similarity and softmax                   ``attention`` (``masked_softmax``), ``ref.attention``,
+                                           ``experiments.scaling``
+03 queries, keys and values                 ``attention`` (``scaled_dot_product_attention``),
+                                           ``experiments.tying``
 04 causal masking                           ``masks``, ``models.tiny_lm``, ``data``
 05 cross-attention and padding              ``masks``, ``attention``
 06 multi-head attention                     ``multihead``, ``pretrained``

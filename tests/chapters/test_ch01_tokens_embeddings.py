@@ -116,3 +116,28 @@ def test_claim_10_same_word_receives_different_context(trio, six):
         assert min(river, money) - across > 0.02  # measured 0.040
         # the averages the text quotes: river-money 0.73, river-river 0.89, money-money 0.77
         np.testing.assert_allclose([across, river, money], [0.73, 0.89, 0.77], atol=0.01)
+
+
+def test_claim_02_attention_reading_only_its_own_position_removes_context(minilm, six):
+    from selfattn.experiments.context import run_reading_only_itself
+
+    bank = minilm.token_id("bank")
+    control = run_reading_only_itself(minilm, SIX)
+    pos = word_positions(control.batch.input_ids, bank)
+    assert pos == [4] * 6
+    T = control.batch.input_ids.shape[1]
+    for w in control.weights:  # the intervention: every head of every layer reads only its own position
+        torch.testing.assert_close(w, torch.eye(T).expand_as(w), rtol=0, atol=0)
+    v_control = word_vectors_by_layer(control.hidden_states, pos)  # (L + 1, 6, D)
+    assert torch.isfinite(v_control).all()
+    for layer in range(v_control.shape[0]):  # the same vector in all six sentences, at every layer
+        torch.testing.assert_close(v_control[layer], v_control[layer][:1].expand(6, -1), rtol=0, atol=1e-6)
+    # ... and in a sentence run on its own (other batch, other padding): nothing else reads across positions
+    alone = run_reading_only_itself(minilm, SIX[1])
+    torch.testing.assert_close(alone.hidden_states[-1][0, 4], v_control[-1][0], rtol=0, atol=1e-5)
+    # the intervention changed only the attention: at layer 0 (before any attention) the vectors are the model's
+    *_, v_model, _ = six
+    torch.testing.assert_close(v_control[0], v_model[0], rtol=0, atol=0)
+    # with attention, the six vectors differ from the first layer on (measured: at least 1.2 per layer)
+    for layer in range(1, v_model.shape[0]):
+        assert float((v_model[layer] - v_model[layer][:1]).abs().max()) > 0.5, layer

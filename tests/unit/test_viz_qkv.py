@@ -8,7 +8,12 @@ import torch
 
 from selfattn import ref
 from selfattn.viz import figure_description
-from selfattn.viz.qkv import attention_heatmap, heads_figure, tying_figure
+from selfattn.viz.qkv import (
+    attention_heatmap,
+    heads_figure,
+    projection_heatmaps_figure,
+    tying_figure,
+)
 
 TOKENS = ["[CLS]", "the", "cat", "the", "[SEP]"]
 
@@ -49,3 +54,20 @@ def test_tying_figure_plots_the_numbers_and_has_buttons():
     fig = tying_figure([2, 4, 8], [0.7, 1.0, 1.0], [0.1, 0.3, 0.99], chance=1 / 16)
     assert list(fig.data[0].y) == [0.7, 1.0, 1.0] and list(fig.data[1].y) == [0.1, 0.3, 0.99]
     assert len(fig.layout.updatemenus[0].buttons) == 3 and figure_description(fig)
+
+
+def test_projection_heatmaps_figure_shows_each_matrix_and_describes_the_split():
+    W_K = np.zeros((4, 2))
+    W_K[:2] = 1.0  # all weight on the first half of the rows
+    W_V = np.zeros((4, 2))
+    W_V[2:] = -2.0
+    fig = projection_heatmaps_figure({"W_K": W_K, "W_V": W_V}, ["k0", "k1", "v0", "v1"], title="t")
+    assert len(fig.data) == 2 and [d.type for d in fig.data] == ["heatmap", "heatmap"]
+    np.testing.assert_array_equal(np.asarray(fig.data[1].z), W_V)
+    assert fig.data[0].zmin == -2.0 and fig.data[0].zmax == 2.0  # one colour scale for both
+    text = figure_description(fig)
+    assert "W_K: 100.0%" in text and "W_V: 0.0%" in text
+    with pytest.raises(ValueError, match="rows"):
+        projection_heatmaps_figure({"W_K": W_K}, ["a", "b"])
+    with pytest.raises(ValueError, match="at least one"):
+        projection_heatmaps_figure({}, [])

@@ -14,7 +14,7 @@ Source: chapter 03 (claim 8).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -116,12 +116,13 @@ class TiedRecallModel(RecallModel):
 
 @dataclass(frozen=True)
 class RecallResult:
-    """Accuracy (fraction in [0, 1]) and mean cross-entropy (nats) on fresh sequences, and the
-    training loss curve (one float per step)."""
+    """Accuracy (fraction in [0, 1]) and mean cross-entropy (nats) on fresh sequences, the
+    training loss curve (one float per step), and the trained model (in eval mode)."""
 
     accuracy: float
     loss: float
     losses: list[float]
+    model: nn.Module | None = field(default=None, repr=False, compare=False)
 
 
 def train_recall(model_cls: type[RecallModel], config: RecallConfig = RecallConfig(), seed: int = 0) -> RecallResult:
@@ -161,4 +162,5 @@ def _train_recall(model_cls: type[RecallModel], config: RecallConfig, seed: int)
         accuracy=float((logits.argmax(dim=1) == y).float().mean()),
         loss=float(nn.functional.cross_entropy(logits, y)),
         losses=losses,
+        model=model.eval(),
     )

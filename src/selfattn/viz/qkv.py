@@ -1,4 +1,5 @@
-"""Figure builders for chapter 03: attention weights as heatmaps, per head, and the tying experiment.
+"""Figure builders for chapter 03: attention weights as heatmaps, per head, the tying experiment,
+and trained projection matrices side by side (:func:`projection_heatmaps_figure`).
 
 Every builder returns a plotly Figure (never shows it). :func:`heads_figure` carries a slider over
 heads for the static book; :func:`attention_heatmap` is the single view that the chapter's
@@ -14,7 +15,7 @@ import plotly.graph_objects as go
 
 from . import COLORSCALE, describe
 
-__all__ = ["attention_heatmap", "heads_figure", "tying_figure"]
+__all__ = ["attention_heatmap", "heads_figure", "tying_figure", "projection_heatmaps_figure"]
 
 _STEP = {"mode": "immediate", "frame": {"duration": 0, "redraw": True}, "transition": {"duration": 0}}
 
@@ -123,3 +124,43 @@ def tying_figure(d_heads: Sequence[int], untied: Sequence[float], tied: Sequence
     pairs = "; ".join(f"d_head {d}: {u:.2f} vs {t:.2f}" for d, u, t in zip(x, untied, tied, strict=True))
     return describe(fig, f"Line chart of recall accuracy against d_head for a head with separate keys and values "
                          f"and one with values tied to keys (chance {chance:.2f}). Separate vs tied: {pairs}.")
+
+
+def projection_heatmaps_figure(matrices: dict[str, object], row_labels: Sequence[str], title: str = "") -> go.Figure:
+    """Trained projection matrices (each (D, Dh)) as heatmaps side by side, on one colour scale.
+
+    Args:
+        matrices: ``{name: (D, Dh) array or tensor}``, e.g. ``{"W_K": ..., "W_V": ...}``; all with D rows.
+        row_labels: D labels of the input features (the rows).
+        title: figure title.
+
+    Raises:
+        ValueError: an empty dict, a matrix that is not 2-D or not finite, rows that differ from the labels.
+
+    Source: chapter 03 (claim 8).
+    """
+    from plotly.subplots import make_subplots
+
+    if not matrices:
+        raise ValueError("matrices must hold at least one matrix")
+    arrays = {name: _as_array(W, 2, name) for name, W in matrices.items()}
+    labels = list(row_labels)
+    for name, W in arrays.items():
+        if W.shape[0] != len(labels):
+            raise ValueError(f"{name} has {W.shape[0]} rows; expected one per row label ({len(labels)})")
+    zmax = max(float(np.abs(W).max()) for W in arrays.values()) or 1.0
+    fig = make_subplots(rows=1, cols=len(arrays), subplot_titles=list(arrays), horizontal_spacing=0.12)
+    for col, (name, W) in enumerate(arrays.items(), start=1):
+        fig.add_trace(go.Heatmap(
+            z=np.round(W, 3), x=[f"{j}" for j in range(W.shape[1])], y=labels, colorscale="Cividis",
+            zmin=-zmax, zmax=zmax, showscale=col == len(arrays), colorbar={"title": "weight"},
+            hovertemplate=f"{name}<br>input %{{y}}<br>column %{{x}}<br>%{{z:.3f}}<extra></extra>"), row=1, col=col)
+        fig.update_xaxes(title_text="column (of d_head)", row=1, col=col)
+        fig.update_yaxes(autorange="reversed", row=1, col=col, showticklabels=col == 1)
+    fig.update_layout(title=title, template="plotly_white", height=max(420, 14 * len(labels) + 160))
+    half = len(labels) // 2
+    share = "; ".join(
+        f"{name}: {float((W[:half] ** 2).sum() / max((W ** 2).sum(), 1e-300)):.1%} of its squared weight on the first "
+        f"{half} rows" for name, W in arrays.items())
+    return describe(fig, f"Heatmaps of the trained matrices {', '.join(arrays)} ({len(labels)} input rows each, "
+                         f"one column per head dimension), on one colour scale. {share}.")
