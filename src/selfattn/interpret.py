@@ -63,6 +63,7 @@ __all__ = [
     "mean_ablate_keys",
     "mean_ablate_heads",
     "ablate_tokens",
+    "importance_correlations",
 ]
 
 
@@ -598,3 +599,60 @@ def ablate_tokens(
         copies[n, n] = 0.0 if fill is None else fill
         effects = _target(run_layers(encoder, copies)[0][-1], reference) - base  # (T,)
     return effects.double().numpy()
+
+
+def importance_correlations(
+    encoder: Encoder, input_ids: torch.Tensor, reference: torch.Tensor, means: DatasetMeans,
+    *, keys: bool = True,
+) -> dict[tuple[str, str, str], float]:
+    """Rank correlations between attention-based measures and zero / mean ablation, for one sentence.
+
+    Three levels, each ablated both ways (|effect on f|, Spearman's rho):
+
+    - ``"keys"`` (layer, head, key) triples (L H T of them; skipped with ``keys=False``, the costly
+      part): zero = :func:`ablate_keys` (key blocked, row renormalised), mean =
+      :func:`mean_ablate_keys`; measures: ``"weight"`` received, ``"norm"`` of the moved vectors,
+      ``"gradient x weight"`` (summed over queries, then absolute);
+    - ``"heads"`` (L H): zero = :func:`ablate_heads`, mean = :func:`mean_ablate_heads`; measures:
+      ``"[CLS] share"`` (mean weight on position 0), ``"moved norm"`` (summed over edges);
+    - ``"tokens"`` (T): zero / mean = :func:`ablate_tokens`; measures: ``"raw attention"`` (last
+      layer, heads averaged, mean over queries) and ``"rollout"`` (:func:`attention_rollout`, mean
+      over output positions, since f pools all of them).
+
+    Returns:
+        ``{(level, ablation, measure): rho}`` with ablation ``"zero"`` or ``"mean"``, and
+        ``(level, "zero vs mean", "")`` for how the two ablations rank the same units.
+
+    Raises:
+        The errors of :func:`edge_attributions` and :func:`mean_ablate_keys`.
+
+    Source: chapter 12.
+    """
+    _require_means(means, encoder)
+    A = edge_attributions(encoder, input_ids, reference, [""] * input_ids.shape[1])
+    rho: dict[tuple[str, str, str], float] = {}
+    effects: dict[str, dict[str, np.ndarray]] = {
+        "heads": {"zero": ablate_heads(encoder, input_ids, reference),
+                  "mean": mean_ablate_heads(encoder, input_ids, reference, means)},
+        "tokens": {"zero": ablate_tokens(encoder, input_ids, reference),
+                   "mean": ablate_tokens(encoder, input_ids, reference, means)},
+    }
+    measures = {
+        "heads": {"[CLS] share": A.weights[:, :, :, 0].mean(axis=-1), "moved norm": A.norms.sum(axis=(2, 3))},
+        "tokens": {"raw attention": A.weights[-1].mean(axis=(0, 1)),  # (H, T, T) -> (T,)
+                   "rollout": attention_rollout(A.weights).mean(axis=0)},  # (T, T) -> (T,)
+    }
+    if keys:
+        L = len(encoder.blocks)
+        effects["keys"] = {
+            "zero": np.stack([ablate_keys(encoder, input_ids, reference, layer) for layer in range(L)]),
+            "mean": np.stack([mean_ablate_keys(encoder, input_ids, reference, layer, means) for layer in range(L)]),
+        }
+        measures["keys"] = {"weight": A.weights.sum(axis=2), "norm": A.norms.sum(axis=2),
+                            "gradient x weight": np.abs(A.grad_x_weight.sum(axis=2))}
+    for level, by_ablation in effects.items():
+        for ablation, effect in by_ablation.items():
+            for measure, values in measures[level].items():
+                rho[(level, ablation, measure)] = spearman(np.abs(effect), values)
+        rho[(level, "zero vs mean", "")] = spearman(np.abs(by_ablation["zero"]), np.abs(by_ablation["mean"]))
+    return rho
