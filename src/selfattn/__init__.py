@@ -18,7 +18,8 @@ chapter                                     modules
 06 multi-head attention                     ``multihead``, ``pretrained``
 07 the Transformer block                    ``block``, ``encoder``, ``ref.block``
 08 positions                                ``positions``, ``ref.positions``, ``experiments.positions``
-09 parallel and quadratic                   ``efficient.variants``, ``efficient.memory``, ``experiments``
+09 parallel and quadratic                   ``efficient.variants``, ``efficient.memory``, ``experiments``,
+                                           ``efficient.depth``, ``models.rnn``
 10 FlashAttention                           ``efficient.tiled``, ``efficient.triton_kernel``, ``ref.online``
 11 inference                                ``inference`` (``costs``, ``paged``, ``split_kv``, ``streaming``,
                                            ``convert``, ``decode_timing``), ``gqa``, ``sampling``

@@ -14,6 +14,16 @@ and a scalar output ``f`` of the model, every edge (layer l, head h, query i, ke
   is ablated by blocking all its keys, which makes its context zero (the package's contract for a
   query that sees nothing).
 
+Beside them, two summaries and a second kind of intervention:
+
+- **attention rollout** (Abnar & Zuidema 2020): the product over layers of ``0.5 I + 0.5 A_l``
+  (heads averaged, rows renormalised), an estimate of how much each input token flows into each
+  output position through attention and the residual stream (:func:`attention_rollout`);
+- **mean ablation**: instead of removing a contribution (zero ablation: a blocked key, a zeroed head
+  or token), replace it by its mean over a dataset of sentences, so the model sees a typical value
+  rather than one it never saw in training (:func:`dataset_means`, :func:`mean_ablate_keys`,
+  :func:`mean_ablate_heads`, :func:`ablate_tokens`).
+
 The scalar ``f`` is what all-MiniLM-L6-v2 is for: the cosine similarity of the sentence's
 embedding (mean of the last layer over its tokens, L2-normalised) with a reference sentence's.
 
@@ -47,6 +57,13 @@ __all__ = [
     "ablate_keys",
     "spearman",
     "per_head_spearman",
+    "attention_rollout",
+    "DatasetMeans",
+    "dataset_means",
+    "mean_ablate_keys",
+    "mean_ablate_heads",
+    "ablate_tokens",
+    "importance_correlations",
 ]
 
 
@@ -343,3 +360,299 @@ def per_head_spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         raise ValueError(f"a and b must both have shape (L, H, T, T); got {a.shape} and {b.shape}")
     L, H = a.shape[:2]
     return np.array([[spearman(a[l, h], b[l, h]) for h in range(H)] for l in range(L)])  # noqa: E741
+
+
+def attention_rollout(weights, residual: float = 0.5) -> np.ndarray:
+    """Attention rollout (Abnar & Zuidema 2020, eq. 1): how much each input token reaches each output.
+
+    For each layer l, average the heads, ``A_l = mean_h weights[l, h]``, add the residual stream,
+    ``R_l = residual * I + (1 - residual) * A_l``, renormalise each row to sum to one, and multiply
+    from the first layer up: ``rollout = R_L @ ... @ R_2 @ R_1``. Row i then says how the output
+    at position i divides over the input tokens (each row sums to one).
+
+    Args:
+        weights: (L, H, T, T) attention weights of one sentence (rows: queries, columns: keys),
+            NumPy or torch; every row non-negative with a positive sum.
+        residual: the weight of the identity (0.5 in the paper), in [0, 1).
+
+    Returns:
+        (T, T) float64 NumPy array.
+
+    Raises:
+        ValueError: ``weights`` not 4-D with square (T, T) maps, negative or non-finite entries,
+        or ``residual`` outside [0, 1).
+
+    Source: Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers", section 3; chapter 12.
+    """
+    w = np.asarray(weights.detach() if isinstance(weights, torch.Tensor) else weights, dtype=np.float64)
+    if w.ndim != 4 or w.shape[-1] != w.shape[-2]:
+        raise ValueError(f"weights must have shape (L, H, T, T); got {w.shape}")
+    if not np.isfinite(w).all() or (w < 0).any():
+        raise ValueError("weights must be finite and non-negative")
+    if isinstance(residual, bool) or not isinstance(residual, (int, float)) or not 0 <= residual < 1:
+        raise ValueError(f"residual must be a number in [0, 1); got {residual!r}")
+    T = w.shape[-1]
+    rollout = np.eye(T)
+    for layer in w:  # (H, T, T), first layer first
+        mixed = residual * np.eye(T) + (1 - residual) * layer.mean(axis=0)  # (T, T)
+        mixed = mixed / mixed.sum(axis=-1, keepdims=True)  # rows sum to one again
+        rollout = mixed @ rollout  # (T, T) @ (T, T): this layer on top of the ones below
+    return rollout
+
+
+@dataclass(frozen=True)
+class DatasetMeans:
+    """Means over every token position of a set of sentences (float32 tensors, L layers, H heads).
+
+    Attributes:
+        embedding: (D,) the embeddings' output (the input of block 0).
+        values: (L, H, Dh) each head's value vectors ``x_j W_V^h + b_V^h``.
+        contexts: (L, H, Dh) each head's context vectors (its weighted sum of values).
+        n_tokens: how many token positions were averaged.
+    """
+
+    embedding: torch.Tensor
+    values: torch.Tensor
+    contexts: torch.Tensor
+    n_tokens: int
+
+
+def dataset_means(encoder: Encoder, sentences_ids) -> DatasetMeans:
+    """The means a mean ablation substitutes, over all token positions of ``sentences_ids``.
+
+    Args:
+        encoder: the package's Encoder. sentences_ids: a non-empty list of (1, T_s) int64 tensors,
+            one unpadded sentence each.
+
+    Returns:
+        A :class:`DatasetMeans`.
+
+    Raises:
+        TypeError / ValueError: not an Encoder; an empty list; an entry that is not (1, T).
+
+    Source: chapter 12 (mean ablation, as in Wang et al. 2023's path patching with mean activations).
+    """
+    _require_encoder(encoder)
+    sentences_ids = list(sentences_ids)
+    if not sentences_ids:
+        raise ValueError("sentences_ids must hold at least one sentence")
+    embeddings, values, contexts = [], [], []
+    with torch.no_grad():
+        for ids in sentences_ids:
+            _check_ids(ids)
+            x = encoder.embeddings(ids)  # (1, T, D)
+            hidden, weights = run_layers(encoder, x)
+            inputs = (x,) + hidden[:-1]  # block l reads inputs[l]
+            embeddings.append(x[0])
+            per_layer_v, per_layer_c = [], []
+            for layer, block in enumerate(encoder.blocks):
+                attn = block.attn
+                V = split_heads(inputs[layer] @ attn.W_V + attn.b_V, attn.config.n_heads)  # (1, H, T, Dh)
+                per_layer_v.append(V[0])  # (H, T, Dh)
+                per_layer_c.append((weights[layer] @ V)[0])  # (1, H, T, T) @ (1, H, T, Dh) -> (H, T, Dh)
+            values.append(torch.stack(per_layer_v))  # (L, H, T, Dh)
+            contexts.append(torch.stack(per_layer_c))
+    return DatasetMeans(
+        embedding=torch.cat(embeddings).mean(dim=0),  # (sum T, D) -> (D,)
+        values=torch.cat(values, dim=2).mean(dim=2),  # (L, H, sum T, Dh) -> (L, H, Dh)
+        contexts=torch.cat(contexts, dim=2).mean(dim=2),
+        n_tokens=sum(int(ids.shape[1]) for ids in sentences_ids),
+    )
+
+
+def _patched_effects(encoder, input_ids, reference, layer: int, patch, n: int, chunk: int) -> np.ndarray:
+    """f(with ``patch`` applied to copy k of block ``layer``'s attention output) - f, for k < n.
+
+    ``patch(out, weights, x, rows)`` returns the changed output (b, T, D) of the copies ``rows``
+    (a range); ``x`` is the attention's input (b, T, D), ``weights`` its (b, H, T, T)."""
+    with torch.no_grad():  # the unchanged run first, before the hook exists
+        x = encoder.embeddings(input_ids)  # (1, T, D)
+        hidden = run_layers(encoder, x)[0]
+        base = _target(hidden[-1], reference)[0]
+        x_in = x if layer == 0 else hidden[layer - 1]  # (1, T, D): the input of block ``layer``
+    rows = range(0)
+
+    def hook(module, args, output):
+        out, weights = output  # the blocks call attention with return_weights=True
+        return patch(out, weights, args[0], rows), weights
+
+    handle = encoder.blocks[layer].attn.register_forward_hook(hook)
+    try:
+        with torch.no_grad():
+            effects = []
+            for lo in range(0, n, chunk):
+                rows = range(lo, min(lo + chunk, n))
+                out = run_layers(encoder, x_in.expand(len(rows), -1, -1), start=layer)[0]
+                effects.append(_target(out[-1], reference) - base)  # (b,)
+    finally:
+        handle.remove()
+    return torch.cat(effects).double().numpy()
+
+
+def _require_means(means, encoder) -> None:
+    if not isinstance(means, DatasetMeans):
+        raise TypeError(f"means must be a DatasetMeans (from dataset_means); got {type(means).__name__}")
+    cfg = encoder.config
+    want = (len(encoder.blocks), cfg.n_heads, cfg.d_model // cfg.n_heads)
+    if tuple(means.values.shape) != want:
+        raise ValueError(f"means.values must have shape {want} for this encoder; got {tuple(means.values.shape)}")
+
+
+def mean_ablate_keys(
+    encoder: Encoder, input_ids: torch.Tensor, reference: torch.Tensor, layer: int, means: DatasetMeans,
+    *, chunk: int = 64,
+) -> np.ndarray:
+    """Change of f when one head reads the dataset's mean value in place of one key's value: (H, T), signed.
+
+    The weights stay as they are (unlike :func:`ablate_keys`, which blocks the key and renormalises
+    the row): only what key j supplies to head h changes, from ``v_j^h`` to the mean value of head h
+    over ``means``' sentences.
+
+    Raises:
+        TypeError / ValueError: not an Encoder; ``input_ids`` not (1, T); ``means`` not a
+        :class:`DatasetMeans` of this encoder's shape.
+
+    Source: chapter 12.
+    """
+    _require_encoder(encoder)
+    _check_ids(input_ids)
+    _require_means(means, encoder)
+    attn = encoder.blocks[layer].attn
+    H, Dh, T = attn.config.n_heads, attn.config.d_head, input_ids.shape[1]
+    W_O = attn.W_O.reshape(H, Dh, -1)  # (D, D) -> (H, Dh, D)
+    mean_v = means.values[layer]  # (H, Dh)
+
+    def patch(out, weights, x, rows):
+        n = torch.as_tensor(list(rows))
+        h, j = n // T, n % T  # copy n: head h reads the mean in place of key j
+        V = split_heads(x @ attn.W_V + attn.b_V, H)  # (b, T, D) -> (b, H, T, Dh)
+        b = torch.arange(len(n))
+        delta = mean_v[h] - V[b, h, j]  # (b, Dh): what the value changes by
+        moved = (delta[:, None, :] @ W_O[h])[:, 0]  # (b, 1, Dh) @ (b, Dh, D) -> (b, D)
+        return out + weights[b, h, :, j][..., None] * moved[:, None, :]  # (b, T, 1) * (b, 1, D)
+
+    return _patched_effects(encoder, input_ids, reference, layer, patch, H * T, chunk).reshape(H, T)
+
+
+def mean_ablate_heads(
+    encoder: Encoder, input_ids: torch.Tensor, reference: torch.Tensor, means: DatasetMeans
+) -> np.ndarray:
+    """Change of f when one head's context is replaced by its mean over the dataset: (L, H), signed.
+
+    The counterpart of :func:`ablate_heads` (which sets the context to zero): every query of head h
+    receives the same, typical context vector ``means.contexts[l, h]``.
+
+    Raises:
+        As :func:`mean_ablate_keys`.
+
+    Source: chapter 12.
+    """
+    _require_encoder(encoder)
+    _check_ids(input_ids)
+    _require_means(means, encoder)
+    effects = []
+    for layer, block in enumerate(encoder.blocks):
+        attn = block.attn
+        H, Dh = attn.config.n_heads, attn.config.d_head
+        W_O = attn.W_O.reshape(H, Dh, -1)  # (H, Dh, D)
+        mean_c = means.contexts[layer]  # (H, Dh)
+
+        def patch(out, weights, x, rows, attn=attn, H=H, W_O=W_O, mean_c=mean_c):
+            h = torch.arange(rows.start, rows.stop)  # copy n ablates head n
+            b = torch.arange(len(h))
+            V = split_heads(x @ attn.W_V + attn.b_V, H)  # (b, H, T, Dh)
+            context = weights[b, h] @ V[b, h]  # (b, T, T) @ (b, T, Dh) -> (b, T, Dh)
+            return out + (mean_c[h][:, None, :] - context) @ W_O[h]  # (b, T, Dh) @ (b, Dh, D) -> (b, T, D)
+
+        effects.append(_patched_effects(encoder, input_ids, reference, layer, patch, H, H))
+    return np.stack(effects)
+
+
+def ablate_tokens(
+    encoder: Encoder, input_ids: torch.Tensor, reference: torch.Tensor, replacement: str | DatasetMeans = "zero"
+) -> np.ndarray:
+    """Change of f when one token's input vector (the embeddings' output) is replaced: (T,), signed.
+
+    ``replacement="zero"`` sets it to zero (zero ablation); a :class:`DatasetMeans` replaces it by
+    the mean input vector over the dataset (mean ablation). Everything downstream is recomputed.
+
+    Raises:
+        TypeError / ValueError: not an Encoder; ``input_ids`` not (1, T); another ``replacement``.
+
+    Source: chapter 12.
+    """
+    _require_encoder(encoder)
+    _check_ids(input_ids)
+    if isinstance(replacement, DatasetMeans):
+        _require_means(replacement, encoder)
+        fill = replacement.embedding  # (D,)
+    elif replacement == "zero":
+        fill = None
+    else:
+        raise ValueError(f"replacement must be 'zero' or a DatasetMeans; got {replacement!r}")
+    T = input_ids.shape[1]
+    with torch.no_grad():
+        x = encoder.embeddings(input_ids)  # (1, T, D)
+        base = _target(run_layers(encoder, x)[0][-1], reference)[0]
+        copies = x.repeat(T, 1, 1)  # (T, T, D): copy n changes token n
+        n = torch.arange(T)
+        copies[n, n] = 0.0 if fill is None else fill
+        effects = _target(run_layers(encoder, copies)[0][-1], reference) - base  # (T,)
+    return effects.double().numpy()
+
+
+def importance_correlations(
+    encoder: Encoder, input_ids: torch.Tensor, reference: torch.Tensor, means: DatasetMeans,
+    *, keys: bool = True,
+) -> dict[tuple[str, str, str], float]:
+    """Rank correlations between attention-based measures and zero / mean ablation, for one sentence.
+
+    Three levels, each ablated both ways (|effect on f|, Spearman's rho):
+
+    - ``"keys"`` (layer, head, key) triples (L H T of them; skipped with ``keys=False``, the costly
+      part): zero = :func:`ablate_keys` (key blocked, row renormalised), mean =
+      :func:`mean_ablate_keys`; measures: ``"weight"`` received, ``"norm"`` of the moved vectors,
+      ``"gradient x weight"`` (summed over queries, then absolute);
+    - ``"heads"`` (L H): zero = :func:`ablate_heads`, mean = :func:`mean_ablate_heads`; measures:
+      ``"[CLS] share"`` (mean weight on position 0), ``"moved norm"`` (summed over edges);
+    - ``"tokens"`` (T): zero / mean = :func:`ablate_tokens`; measures: ``"raw attention"`` (last
+      layer, heads averaged, mean over queries) and ``"rollout"`` (:func:`attention_rollout`, mean
+      over output positions, since f pools all of them).
+
+    Returns:
+        ``{(level, ablation, measure): rho}`` with ablation ``"zero"`` or ``"mean"``, and
+        ``(level, "zero vs mean", "")`` for how the two ablations rank the same units.
+
+    Raises:
+        The errors of :func:`edge_attributions` and :func:`mean_ablate_keys`.
+
+    Source: chapter 12.
+    """
+    _require_means(means, encoder)
+    A = edge_attributions(encoder, input_ids, reference, [""] * input_ids.shape[1])
+    rho: dict[tuple[str, str, str], float] = {}
+    effects: dict[str, dict[str, np.ndarray]] = {
+        "heads": {"zero": ablate_heads(encoder, input_ids, reference),
+                  "mean": mean_ablate_heads(encoder, input_ids, reference, means)},
+        "tokens": {"zero": ablate_tokens(encoder, input_ids, reference),
+                   "mean": ablate_tokens(encoder, input_ids, reference, means)},
+    }
+    measures = {
+        "heads": {"[CLS] share": A.weights[:, :, :, 0].mean(axis=-1), "moved norm": A.norms.sum(axis=(2, 3))},
+        "tokens": {"raw attention": A.weights[-1].mean(axis=(0, 1)),  # (H, T, T) -> (T,)
+                   "rollout": attention_rollout(A.weights).mean(axis=0)},  # (T, T) -> (T,)
+    }
+    if keys:
+        L = len(encoder.blocks)
+        effects["keys"] = {
+            "zero": np.stack([ablate_keys(encoder, input_ids, reference, layer) for layer in range(L)]),
+            "mean": np.stack([mean_ablate_keys(encoder, input_ids, reference, layer, means) for layer in range(L)]),
+        }
+        measures["keys"] = {"weight": A.weights.sum(axis=2), "norm": A.norms.sum(axis=2),
+                            "gradient x weight": np.abs(A.grad_x_weight.sum(axis=2))}
+    for level, by_ablation in effects.items():
+        for ablation, effect in by_ablation.items():
+            for measure, values in measures[level].items():
+                rho[(level, ablation, measure)] = spearman(np.abs(effect), values)
+        rho[(level, "zero vs mean", "")] = spearman(np.abs(by_ablation["zero"]), np.abs(by_ablation["mean"]))
+    return rho

@@ -3,11 +3,13 @@
 import numpy as np
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 import selfattn
 from selfattn import ref
 from selfattn.efficient import (
     linear_attention,
+    linear_attention_chunkwise,
     linear_attention_recurrent,
     sliding_window_attention,
     sliding_window_mask,
@@ -163,3 +165,89 @@ def test_linear_attention_checks_eps():
             linear_attention(q, q, q, eps=bad)
         with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
             linear_attention_recurrent(q, q, q, eps=bad)
+
+
+@pytest.mark.parametrize("feature_map", ["elu+1", "relu"])
+@pytest.mark.parametrize("chunk_size", [1, 4, 5, 7, 21, 64])  # 5 and 4 do not divide T = 21; 64 > T
+def test_linear_attention_chunkwise_equals_parallel_and_recurrent(chunk_size, feature_map):
+    q, k, v = _qkv(21, seed=chunk_size)
+    chunkwise = linear_attention_chunkwise(q, k, v, chunk_size, feature_map=feature_map)
+    assert torch.isfinite(chunkwise).all()
+    torch.testing.assert_close(chunkwise, linear_attention(q, k, v, feature_map=feature_map, causal=True),
+                               atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(chunkwise, linear_attention_recurrent(q, k, v, feature_map=feature_map),
+                               atol=1e-10, rtol=1e-10)
+    if feature_map == "elu+1":  # the written-out sums use elu + 1
+        np.testing.assert_allclose(chunkwise.numpy(), _linear_by_definition(q, k, v, causal=True),
+                                   rtol=1e-10, atol=1e-12)
+
+
+def test_linear_attention_chunkwise_gradients_equal_the_parallel_form():
+    q, k, v = (x.requires_grad_(True) for x in _qkv(19, seed=8))
+    got, want = linear_attention_chunkwise(q, k, v, 6), linear_attention(q, k, v, causal=True)
+    d_out = torch.randn_like(got)
+    for g, w in zip(torch.autograd.grad(got, (q, k, v), d_out), torch.autograd.grad(want, (q, k, v), d_out),
+                    strict=True):
+        torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-10)
+
+
+def _matmul_flops(fn, *args, **kwargs):
+    counter = FlopCounterMode(display=False)
+    with counter:
+        fn(*args, **kwargs)
+    return counter.get_total_flops()
+
+
+def test_linear_attention_chunkwise_flops_are_linear_in_T_and_match_the_formula():
+    B, H, Dh, Dv, C = 1, 2, 16, 8, 32
+    counts, parallel = {}, {}
+    for T in (128, 256, 512):
+        g = torch.Generator().manual_seed(T)
+        q, k = torch.randn(B, H, T, Dh, generator=g), torch.randn(B, H, T, Dh, generator=g)
+        v = torch.randn(B, H, T, Dv, generator=g)
+        counts[T] = _matmul_flops(linear_attention_chunkwise, q, k, v, C)
+        parallel[T] = _matmul_flops(linear_attention, q, k, v, causal=True)
+        # per chunk: phi(Q_c) phi(K_c)^T and its product with V_c (2 C^2 (Dh + Dv)), phi(Q_c) S and
+        # phi(K_c)^T V_c (2 C Dh Dv each), phi(Q_c) z (2 C Dh); T / C chunks
+        assert counts[T] == B * H * (T // C) * (2 * C * C * (Dh + Dv) + 4 * C * Dh * Dv + 2 * C * Dh)
+        assert parallel[T] == 2 * B * H * T * T * (Dh + Dv)  # the masked (T, T) product: quadratic
+    assert counts[256] == 2 * counts[128] and counts[512] == 2 * counts[256]  # doubling T doubles the work
+    assert parallel[512] == 4 * parallel[256]
+
+
+def test_linear_attention_chunkwise_peak_memory_is_linear_in_T():
+    from selfattn.efficient.memory import peak_tensor_bytes
+
+    chunked, parallel = [], []
+    for T in (1024, 2048, 4096):
+        q, k, v = (torch.randn(1, 2, T, 16) for _ in range(3))
+        with torch.no_grad():
+            chunked.append(peak_tensor_bytes(linear_attention_chunkwise, q, k, v, 64)[0])
+            parallel.append(peak_tensor_bytes(linear_attention, q, k, v, causal=True)[0])
+    for small, large in zip(chunked[:-1], chunked[1:], strict=True):
+        assert 1.8 < large / small <= 2.0  # measured 1.92 and 1.96: a constant plus a part linear in T
+    for small, large in zip(parallel[:-1], parallel[1:], strict=True):
+        assert large / small > 3.9  # the (T, T) similarities
+
+
+def test_linear_attention_chunkwise_errors():
+    q, k, v = _qkv(6)
+    for bad in (0, -2, 2.0, True, "4"):
+        with pytest.raises((TypeError, ValueError), match="chunk_size"):
+            linear_attention_chunkwise(q, k, v, bad)
+    with pytest.raises(ValueError, match="T == S"):
+        linear_attention_chunkwise(q, k[..., :3, :], v[..., :3, :], 2)
+    with pytest.raises(TypeError, match="q, k and v must share one dtype"):
+        linear_attention_chunkwise(q.float(), k, v, 2)
+    with pytest.raises(ValueError, match="eps"):
+        linear_attention_chunkwise(q, k, v, 2, eps=-1.0)
+    with pytest.raises(ValueError, match="feature_map"):
+        linear_attention_chunkwise(q, k, v, 2, feature_map="tanh")
+
+
+def test_linear_attention_chunkwise_half_precision_is_computed_in_float32():
+    q, k, v = (x.float() for x in _qkv(40, seed=9))
+    got = linear_attention_chunkwise(q.half(), k.half(), v.half(), 16)
+    assert got.dtype == torch.float16 and torch.isfinite(got).all()
+    want = linear_attention_chunkwise(q.half().float(), k.half().float(), v.half().float(), 16)
+    torch.testing.assert_close(got.float(), want, atol=2e-3, rtol=2e-3)

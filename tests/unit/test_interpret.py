@@ -189,3 +189,165 @@ def test_bad_inputs_name_the_argument(setup):
         interpret.ablate_heads(encoder, batch.input_ids.repeat(2, 1), reference)
     with pytest.raises(ValueError, match="reference"):
         interpret.edge_attributions(encoder, batch.input_ids, reference[None], batch.tokens[0])
+
+
+# ---- attention rollout and mean ablation (issue 14)
+
+
+def test_attention_rollout_by_hand_on_two_layers():
+    # Layer 1: both heads move all of token 1 into token 0's output (rows: queries).
+    # Layer 2: head 1 uniform, head 2 the identity -> heads averaged: [[0.75, 0.25], [0.25, 0.75]].
+    layer1 = np.array([[[0.0, 1.0], [0.0, 1.0]]] * 2)  # (H, T, T)
+    layer2 = np.stack([np.full((2, 2), 0.5), np.eye(2)])
+    R1 = 0.5 * np.eye(2) + 0.5 * np.array([[0.0, 1.0], [0.0, 1.0]])  # [[0.5, 0.5], [0, 1]]
+    R2 = 0.5 * np.eye(2) + 0.5 * np.array([[0.75, 0.25], [0.25, 0.75]])  # [[0.875, 0.125], [0.125, 0.875]]
+    got = interpret.attention_rollout(np.stack([layer1, layer2]))
+    # R2 @ R1 = [[0.4375, 0.5625], [0.0625, 0.9375]], worked out by hand
+    np.testing.assert_allclose(got, [[0.4375, 0.5625], [0.0625, 0.9375]], rtol=0, atol=1e-15)
+    np.testing.assert_allclose(got, R2 @ R1, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-15)
+    # one layer of pure self-attention keeps every token where it is
+    np.testing.assert_allclose(interpret.attention_rollout(np.eye(3)[None, None]), np.eye(3), atol=0)
+
+
+def test_attention_rollout_renormalises_rows_and_rejects_bad_input(setup):
+    minilm, encoder, batch, reference = setup
+    with torch.no_grad():
+        weights = encoder(batch.input_ids, output_weights=True).weights
+    got = interpret.attention_rollout(torch.stack([w[0] for w in weights]))
+    assert np.isfinite(got).all() and (got >= 0).all()
+    np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-6)
+    # residual 0: the plain product of the head-averaged maps
+    W = torch.stack([w[0] for w in weights]).double().mean(1).numpy()  # (L, T, T)
+    expected = np.linalg.multi_dot(list(W[::-1]))
+    np.testing.assert_allclose(interpret.attention_rollout(torch.stack([w[0] for w in weights]), residual=0.0),
+                               expected, atol=1e-6)
+    with pytest.raises(ValueError, match="shape"):
+        interpret.attention_rollout(np.ones((2, 3, 3)))
+    with pytest.raises(ValueError, match="non-negative"):
+        interpret.attention_rollout(-np.ones((1, 1, 2, 2)))
+    with pytest.raises(ValueError, match="residual"):
+        interpret.attention_rollout(np.ones((1, 1, 2, 2)), residual=1.0)
+
+
+@pytest.fixture(scope="module")
+def means(minilm, setup):
+    _, encoder, _, _ = setup
+    ids = [minilm.tokenize(s).input_ids for s in (SENTENCE, REFERENCE, "I opened a bank account.")]
+    return interpret.dataset_means(encoder, ids), ids
+
+
+def test_dataset_means_average_every_token_position(setup, means):
+    minilm, encoder, _, _ = setup
+    m, ids = means
+    assert m.n_tokens == sum(i.shape[1] for i in ids)
+    with torch.no_grad():
+        embeddings = torch.cat([encoder.embeddings(i)[0] for i in ids])  # (sum T, D)
+    torch.testing.assert_close(m.embedding, embeddings.mean(0), atol=1e-6, rtol=1e-6)
+    # the context mean of layer 0, head 3 from the encoder's own weights and an explicit value projection
+    attn, Dh = encoder.blocks[0].attn, encoder.blocks[0].attn.config.d_head
+    contexts = []
+    for i in ids:
+        with torch.no_grad():
+            out = encoder(i, output_weights=True)
+            V = out.hidden_states[0][0] @ attn.head_weights(3).W_V + attn.b_V[3 * Dh : 4 * Dh]  # (T, Dh)
+            contexts.append(out.weights[0][0, 3] @ V)
+    torch.testing.assert_close(m.contexts[0, 3], torch.cat(contexts).mean(0), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="at least one"):
+        interpret.dataset_means(encoder, [])
+
+
+def _f_with_attention_output(encoder, ids, reference, layer, change):
+    """f after replacing block ``layer``'s attention output by change(x, attn): an explicit rebuild
+    of the post-norm block (ln1(x + attn), then ln2(x + ffn(x))) and the blocks after it."""
+    with torch.no_grad():
+        x = encoder.embeddings(ids)
+        if layer > 0:
+            x = interpret.run_layers(encoder, x)[0][layer - 1]
+        block = encoder.blocks[layer]
+        h = block.ln1(x + change(x, block.attn))
+        h = block.ln2(h + block.ffn(h))
+        if layer + 1 < len(encoder.blocks):
+            h = interpret.run_layers(encoder, h, start=layer + 1)[0][-1]
+        return float(interpret.sentence_embedding(h)[0] @ reference)
+
+
+def _explicit_attention(x, attn, value_of=None):
+    """The attention layer written out head by head; value_of(h, V_h) may change head h's values."""
+    H, Dh = attn.config.n_heads, attn.config.d_head
+    out = attn.b_O.clone()
+    for h in range(H):
+        hw = attn.head_weights(h)
+        cols = slice(h * Dh, (h + 1) * Dh)
+        Q, K = x[0] @ hw.W_Q + attn.b_Q[cols], x[0] @ hw.W_K + attn.b_K[cols]
+        V = x[0] @ hw.W_V + attn.b_V[cols]  # (T, Dh)
+        if value_of is not None:
+            V = value_of(h, V)
+        weights = torch.softmax(Q @ K.T / Dh**0.5, dim=-1)
+        out = out + weights @ V @ hw.W_O
+    return out[None]
+
+
+def test_mean_ablate_keys_equals_an_explicit_rebuild(setup, means):
+    minilm, encoder, batch, reference = setup
+    m, _ = means
+    ids = batch.input_ids
+    base = _f_with_attention_output(encoder, ids, reference, 2, _explicit_attention)
+    assert abs(base - _f(minilm, encoder, ids, reference)) < 1e-5  # the rebuild is the model
+    got = interpret.mean_ablate_keys(encoder, ids, reference, 2, m)
+    assert got.shape == (12, ids.shape[1]) and np.isfinite(got).all()
+    for h, j in ((0, 0), (4, 3), (11, ids.shape[1] - 1)):
+        def value_of(head, V, h=h, j=j):
+            if head != h:
+                return V
+            V = V.clone()
+            V[j] = m.values[2, h]  # key j supplies the mean value of head h
+            return V
+
+        want = _f_with_attention_output(encoder, ids, reference, 2,
+                                        lambda x, attn, v=value_of: _explicit_attention(x, attn, v)) - base
+        assert abs(got[h, j] - want) < 2e-5, (h, j, got[h, j], want)
+
+
+def test_mean_ablate_heads_equals_an_explicit_rebuild_and_differs_from_zero_ablation(setup, means):
+    minilm, encoder, batch, reference = setup
+    m, _ = means
+    ids = batch.input_ids
+    got = interpret.mean_ablate_heads(encoder, ids, reference, m)
+    assert got.shape == (6, 12) and np.isfinite(got).all()
+    base = _f_with_attention_output(encoder, ids, reference, 4, _explicit_attention)
+    attn = encoder.blocks[4].attn
+    Dh = attn.config.d_head
+
+    def replaced(x, attn, h=7):
+        hw = attn.head_weights(h)
+        cols = slice(h * Dh, (h + 1) * Dh)
+        weights = torch.softmax((x[0] @ hw.W_Q + attn.b_Q[cols]) @ (x[0] @ hw.W_K + attn.b_K[cols]).T / Dh**0.5, -1)
+        own = weights @ (x[0] @ hw.W_V + attn.b_V[cols]) @ hw.W_O  # (T, D): head 7's contribution
+        return _explicit_attention(x, attn) + (m.contexts[4, h] @ hw.W_O - own)[None]
+
+    want = _f_with_attention_output(encoder, ids, reference, 4, replaced) - base
+    assert abs(got[4, 7] - want) < 2e-5, (got[4, 7], want)
+    # zero and mean ablation are different interventions: they must not give the same numbers
+    assert np.abs(got - interpret.ablate_heads(encoder, ids, reference)).max() > 1e-3
+
+
+def test_ablate_tokens_zero_and_mean_equal_single_runs(setup, means):
+    minilm, encoder, batch, reference = setup
+    m, _ = means
+    ids = batch.input_ids
+    zero, mean = interpret.ablate_tokens(encoder, ids, reference), interpret.ablate_tokens(encoder, ids, reference, m)
+    assert zero.shape == mean.shape == (ids.shape[1],) and np.isfinite(zero).all() and np.isfinite(mean).all()
+    base = _f(minilm, encoder, ids, reference)
+    for j in (0, 3):
+        for fill, got in ((torch.zeros(384), zero), (m.embedding, mean)):
+            with torch.no_grad():
+                x = encoder.embeddings(ids).clone()
+                x[0, j] = fill
+                hidden, _ = interpret.run_layers(encoder, x)
+            want = float(interpret.sentence_embedding(hidden[-1])[0] @ reference) - base
+            assert abs(got[j] - want) < 1e-5
+    with pytest.raises(ValueError, match="replacement"):
+        interpret.ablate_tokens(encoder, ids, reference, "mean")
+    with pytest.raises(TypeError, match="DatasetMeans"):
+        interpret.mean_ablate_heads(encoder, ids, reference, "zero")

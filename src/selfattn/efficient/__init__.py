@@ -3,7 +3,8 @@
 - :func:`tiled_attention`: exact attention by tiles with the online softmax (FlashAttention),
   memory linear in length; the Triton kernel on CUDA.
 - :func:`sliding_window_attention`, :func:`sliding_window_tiled_attention`: sparse (banded) attention.
-- :func:`linear_attention`, :func:`linear_attention_recurrent`: kernelized linear attention.
+- :func:`linear_attention`, :func:`linear_attention_recurrent`, :func:`linear_attention_chunkwise`:
+  kernelized linear attention (parallel, recurrent, chunkwise).
 - :class:`KVCache`, :func:`cached_attention`: decoding one token at a time.
 """
 
@@ -12,6 +13,7 @@ from .tiled import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Visibility, tiled_attention
 from .variants import (
     FEATURE_MAPS,
     linear_attention,
+    linear_attention_chunkwise,
     linear_attention_recurrent,
     sliding_window_attention,
     sliding_window_mask,
@@ -28,6 +30,7 @@ __all__ = [
     "sliding_window_tiled_attention",
     "linear_attention",
     "linear_attention_recurrent",
+    "linear_attention_chunkwise",
     "FEATURE_MAPS",
     "KVCache",
     "cached_attention",

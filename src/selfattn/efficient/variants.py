@@ -2,7 +2,10 @@
 
 Both change the result of exact softmax attention, by an amount chapter 09 measures (claim 18):
 the window hides every key farther than ``window`` positions; linear attention replaces
-``exp(q . k)`` by ``phi(q) . phi(k)``, which cannot be as sharp. Introduced in chapter 09.
+``exp(q . k)`` by ``phi(q) . phi(k)``, which cannot be as sharp. Causal linear attention comes in
+three forms with one result: parallel (a masked T x T product, O(T^2 d)), recurrent (T steps,
+O(T Dh Dv)) and chunkwise (the masked product inside chunks of C positions, a running state
+across them: O(T C d + T Dh Dv), linear in T). Introduced in chapter 09.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ __all__ = [
     "FEATURE_MAPS",
     "linear_attention",
     "linear_attention_recurrent",
+    "linear_attention_chunkwise",
 ]
 
 
@@ -136,8 +140,9 @@ def linear_attention(q, k, v, feature_map="elu+1", causal: bool = False, *, eps:
 
     ``out_i = phi(q_i) . sum_j phi(k_j) v_j^T / (phi(q_i) . sum_j phi(k_j))``, the sums over all
     j (``causal=False``: O(T Dh Dv) by computing ``phi(K)^T V`` first) or over ``j <= i``
-    (``causal=True``: the masked (T, T) product, one matrix product for all positions; equal to
-    :func:`linear_attention_recurrent`). No scaling by sqrt(Dh), as in the paper.
+    (``causal=True``: the masked (T, T) product, one matrix product for all positions, which costs
+    O(T^2 (Dh + Dv)) like softmax attention; equal to :func:`linear_attention_recurrent` and
+    :func:`linear_attention_chunkwise`, the forms linear in T). No scaling by sqrt(Dh), as in the paper.
 
     Args:
         q, k, v: (..., T, Dh), (..., S, Dh), (..., S, Dv); causal needs T == S.
@@ -197,3 +202,61 @@ def linear_attention_recurrent(q, k, v, feature_map="elu+1", *, eps: float = 1e-
         numerator = (phi_q[..., i, None, :] @ state)[..., 0, :]  # (..., 1, Dh) @ (..., Dh, Dv) -> (..., Dv)
         outs.append(numerator / ((phi_q[..., i, :] * z).sum(dim=-1, keepdim=True) + eps))
     return torch.stack(outs, dim=-2).to(dtype)  # T x (..., Dv) -> (..., T, Dv)
+
+
+def linear_attention_chunkwise(q, k, v, chunk_size: int, feature_map="elu+1", *, eps: float = 1e-6):
+    """Causal linear attention by chunks: linear in T, and parallel inside each chunk.
+
+    The positions are cut into chunks of ``chunk_size`` (the last one may be shorter). Inside a
+    chunk, the masked parallel form of :func:`linear_attention`; across chunks, the recurrent
+    state of :func:`linear_attention_recurrent`, carried once per chunk instead of once per
+    position. For chunk ``c`` with rows ``Q_c, K_c, V_c`` (C positions) and the state
+    ``S = sum phi(k_j) v_j^T``, ``z = sum phi(k_j)`` over all earlier chunks::
+
+        num_c = (phi(Q_c) phi(K_c)^T * tril) V_c + phi(Q_c) S        # (C, Dv)
+        den_c = (phi(Q_c) phi(K_c)^T * tril) 1  + phi(Q_c) z         # (C, 1)
+        out_c = num_c / (den_c + eps);  S += phi(K_c)^T V_c;  z += phi(K_c)^T 1
+
+    Matrix-product FLOPs per chunk: 2 C^2 (Dh + Dv) + 4 C Dh Dv + 2 C Dh, so
+    ``B H T (2 C (Dh + Dv) + 4 Dh Dv + 2 Dh)`` in all when C divides T: linear in T, against the
+    ``2 B H T^2 (Dh + Dv)`` of the parallel causal form. ``chunk_size = 1`` is the recurrent form,
+    ``chunk_size >= T`` the parallel one; the result is the same for every chunk size.
+
+    Args:
+        q, k, v: (..., T, Dh), (..., T, Dh), (..., T, Dv) (self-attention: T == S).
+        chunk_size: positions per chunk C, a positive int.
+        feature_map: ``"elu+1"`` (the paper's), ``"relu"``, or a callable on tensors.
+        eps: added to the normalizer; a finite number >= 0.
+
+    Returns:
+        ``out`` (..., T, Dv) in the dtype of ``q`` (computed in float32 for float16/bfloat16).
+
+    Raises:
+        TypeError / ValueError: the errors of :func:`linear_attention`; T != S; ``chunk_size`` not
+        a positive int.
+
+    Source: Katharopoulos et al. 2020 (eqs. 18-20, the recurrent form); the chunkwise form of
+    Sun et al. 2023 (RetNet, section 2.2, without decay) and Yang et al. 2024 (Gated Linear
+    Attention, section 2.2, without gates); chapter 09.
+    """
+    q, k, v, eps, dtype = _linear_inputs(q, k, v, eps)
+    _require_self_attention(q, k, "linear_attention_chunkwise")
+    chunk_size = require_positive_int("chunk_size", chunk_size)
+    phi = _feature_map(feature_map)
+    phi_q, phi_k = phi(q), phi(k)  # (..., T, Dh)
+    T = q.shape[-2]
+    state = torch.zeros(q.shape[:-2] + (q.shape[-1], v.shape[-1]), dtype=q.dtype, device=q.device)
+    z = torch.zeros(q.shape[:-2] + (q.shape[-1], 1), dtype=q.dtype, device=q.device)  # (..., Dh, 1)
+    outs = []
+    for lo in range(0, T, chunk_size):
+        pq, pk, vc = (x[..., lo:lo + chunk_size, :] for x in (phi_q, phi_k, v))  # (..., C, .)
+        C = pq.shape[-2]
+        keep = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()  # (C, C): causal inside
+        sim = (pq @ pk.transpose(-2, -1)) * keep  # (..., C, Dh) @ (..., Dh, C) -> (..., C, C)
+        numerator = sim @ vc + pq @ state  # (..., C, C) @ (..., C, Dv) + (..., C, Dh) @ (..., Dh, Dv)
+        denominator = sim.sum(dim=-1, keepdim=True) + pq @ z  # (..., C, 1) + (..., C, Dh) @ (..., Dh, 1)
+        outs.append(numerator / (denominator + eps))
+        # Carry this chunk's keys and values to every later chunk: one update per chunk, not per position.
+        state = state + pk.transpose(-2, -1) @ vc  # (..., Dh, C) @ (..., C, Dv) -> (..., Dh, Dv)
+        z = z + pk.sum(dim=-2)[..., None]  # (..., Dh, 1)
+    return torch.cat(outs, dim=-2).to(dtype)  # chunks of (..., C, Dv) -> (..., T, Dv)

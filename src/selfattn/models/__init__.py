@@ -5,9 +5,12 @@ Transformer blocks, a linear read-out), trained with and without the causal mask
 ``gpt``: the capstone decoder (chapter 13): causal by construction, with a position scheme from
 :mod:`selfattn.positions` (RoPE by default; chapter 08 compares them), a KV-cached generation path,
 a training loop with validation.
+``rnn``: an Elman recurrent network with its loop over time written out, beside attention in
+chapter 09 (claim 15).
 """
 
 from .gpt import GPT, GPTConfig, TrainingLog, evaluate_loss, train_lm, unigram_cross_entropy
+from .rnn import ElmanRNN
 from .tiny_lm import TinyLM, TinyLMConfig, blind_next_token_loss, next_token_loss, train_next_token
 
 __all__ = [
@@ -22,4 +25,5 @@ __all__ = [
     "train_lm",
     "evaluate_loss",
     "unigram_cross_entropy",
+    "ElmanRNN",
 ]
