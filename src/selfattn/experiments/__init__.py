@@ -1,6 +1,7 @@
 """Small, fast experiments that the chapters run and the chapter tests check.
 
 ``scaling`` (chapter 02: why scores are divided by sqrt(d_head)), ``tying`` (chapter 03: what tying
-values to keys costs), ``positions`` (chapter 08: position schemes past the training length, and
+values to keys costs), ``two_lookups`` (chapter 06: two heads do two lookups one head of the same
+size cannot), ``positions`` (chapter 08: position schemes past the training length, and
 RoPE's rescalings), ``retrieval`` (chapter 13: attention learns to address).
 """

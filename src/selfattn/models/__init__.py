@@ -5,9 +5,12 @@ Transformer blocks, a linear read-out), trained with and without the causal mask
 ``gpt``: the capstone decoder (chapter 13): causal by construction, with a position scheme from
 :mod:`selfattn.positions` (RoPE by default; chapter 08 compares them), a KV-cached generation path,
 a training loop with validation.
+``seq2seq``: a tiny encoder-decoder (causal self-attention and cross-attention in the decoder) trained
+to reverse digit strings in chapter 05, where its cross-attention learns to read the source.
 """
 
 from .gpt import GPT, GPTConfig, TrainingLog, evaluate_loss, train_lm, unigram_cross_entropy
+from .seq2seq import DecoderBlock, Seq2Seq, Seq2SeqConfig, train_reversal
 from .tiny_lm import TinyLM, TinyLMConfig, blind_next_token_loss, next_token_loss, train_next_token
 
 __all__ = [
@@ -22,4 +25,8 @@ __all__ = [
     "train_lm",
     "evaluate_loss",
     "unigram_cross_entropy",
+    "Seq2SeqConfig",
+    "Seq2Seq",
+    "DecoderBlock",
+    "train_reversal",
 ]
