@@ -4,7 +4,8 @@ layer normalization.
 Two placements of the normalization, each its own class (no norm-style switch inside a forward):
 
 - :class:`TransformerBlock`, pre-norm (GPT-2 and most recent models; Xiong et al. 2020):
-  ``x = x + attn(ln1(x)); x = x + ffn(ln2(x))``. The residual stream itself is never normalized.
+  ``x = x + attn(ln1(x)); x = x + ffn(ln2(x))``. The residual stream itself is never normalized
+  inside the block, so a stack of them needs a final layer norm before its output head (chapter 07).
 - :class:`PostNormTransformerBlock`, post-norm (the original Transformer, Vaswani et al. 2017
   section 3.1, and BERT, hence all-MiniLM-L6-v2): ``x = ln1(x + attn(x)); x = ln2(x + ffn(x))``.
 

@@ -119,6 +119,22 @@ def test_claim_12_fill_values_and_replacement():
     # The package: replacement before the softmax and a guarded empty row, in every dtype.
     expected = selfattn.ref.softmax(scores.double().numpy(), mask=keep.numpy())
     np.testing.assert_allclose(expected[1], 0.0, atol=0)
+    # masked_softmax itself, given scores of each dtype: dtype kept, masked and empty rows exactly 0,
+    # rows summing to one within 4 machine epsilons (summed in float64).
+    gen = torch.Generator().manual_seed(4)
+    big = torch.randn(64, 128, generator=gen) * 20
+    big_keep = torch.rand(64, 128, generator=gen) > 0.5
+    big_keep[3] = False
+    others = torch.arange(64) != 3
+    for dtype in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
+        w = selfattn.masked_softmax(big.to(dtype), big_keep)
+        assert w.dtype == dtype and torch.isfinite(w).all()
+        assert (w[3] == 0).all() and (w[~big_keep] == 0).all()
+        error = (w[others].double().sum(dim=-1) - 1).abs().max()
+        assert error <= 4 * torch.finfo(dtype).eps, (dtype, float(error))
+        small = selfattn.masked_softmax(scores.to(dtype), keep)
+        assert (small[1] == 0).all() and small[0, 2] == 0
+        np.testing.assert_allclose(small.double().numpy(), expected, rtol=0, atol=4 * torch.finfo(dtype).eps)
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         q = torch.randn(1, 2, 4).to(dtype) * 30
         k, v = (torch.randn(1, 3, 4).to(dtype) * 30 for _ in range(2))

@@ -176,3 +176,26 @@ def test_claim_14_real_layers_edit_the_stream(minilm):
     assert np.all((mean["attention / stream"] > 0.2) & (mean["attention / stream"] < 2 / 3))
     assert np.all(mean["FFN / stream"] > mean["attention / stream"])
     assert np.all(mean["cos(input, output)"][:5] > 0.8) and mean["cos(input, output)"][5] < 0.75
+
+
+def test_claim_14_pre_norm_stack_needs_a_final_norm():
+    """Inside a pre-norm stack nothing normalises the residual stream: each token's RMS grows with
+    depth, and only a final layer norm (the capstone's ln_f) brings it back to unit scale."""
+    config = selfattn.BlockConfig(d_model=64, n_heads=4, d_ff=256)
+    x = torch.randn(4, 16, 64, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    stack = stream_through([selfattn.TransformerBlock(config).eval() for _ in range(24)], x)
+    final_norm = torch.nn.LayerNorm(64)
+    rms = []
+    with torch.no_grad():
+        for depth in (0, 6, 12, 24):
+            stream = torch.from_numpy(stack[depth]).float()
+            assert torch.isfinite(stream).all()
+            rms.append(float(stream.pow(2).mean(dim=-1).sqrt().mean()))
+            after = final_norm(stream).pow(2).mean(dim=-1).sqrt()  # (B, T) per-token RMS
+            torch.testing.assert_close(after, torch.ones_like(after), rtol=0, atol=1e-3)
+    assert rms[0] < rms[1] < rms[2] < rms[3] and rms[3] > 3 * rms[0]
+    from selfattn.models import GPT, GPTConfig
+
+    gpt = GPT(GPTConfig(vocab_size=8, block_size=8, d_model=16, n_heads=2, n_layers=1, d_ff=32))
+    assert isinstance(gpt.ln_f, torch.nn.LayerNorm)
