@@ -3,7 +3,7 @@
     python bench/decode_bench.py            # contexts 64 .. 4096 (~2.5 min on 2 cores), writes bench/results/
     python bench/decode_bench.py --quick    # contexts 64, 256, 1024, prints the tables (~15 s)
 
-Model: the capstone-sized GPT of chapter 13 (``selfattn.inference.decode_timing.CAPSTONE_SIZES``:
+Model: the capstone-sized GPT of chapter 14 (``selfattn.inference.decode_timing.CAPSTONE_SIZES``:
 d_model 64, 4 heads, 2 layers, d_ff 256, RoPE, vocabulary 94), untrained (timing does not depend on
 the weights), float32, CPU, greedy, under ``torch.no_grad``. For each prompt length L, tokens per
 second of the generated tokens after the prompt (the cached prefill is paid once and not counted;

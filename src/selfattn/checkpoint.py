@@ -6,7 +6,7 @@ dataclass config as JSON), ``"config_class"`` and ``"model_class"`` (their names
 loading) and ``"format": "selfattn"``. Loading builds a fresh model from the config and loads the
 tensors strictly: no code is executed from the file, unlike ``torch.save``'s pickle.
 
-Introduced in chapter 13.
+Introduced in chapter 14.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def save_checkpoint(
         dict of strings.
         ValueError: ``extra`` uses a reserved key.
 
-    Source: chapter 13.
+    Source: chapter 14.
     """
     from safetensors.torch import save_file
 
@@ -82,7 +82,7 @@ def read_metadata(path: str | Path) -> dict[str, str]:
     Raises:
         FileNotFoundError: no such file. ValueError: not a selfattn checkpoint.
 
-    Source: chapter 13.
+    Source: chapter 14.
     """
     from safetensors import safe_open
 
@@ -116,7 +116,7 @@ def load_checkpoint(
         from ``model_cls``/``config_cls``.
         RuntimeError: the tensors do not fit the model (missing, unexpected or wrong shapes).
 
-    Source: chapter 13.
+    Source: chapter 14.
     """
     from safetensors.torch import load_file
 

@@ -31,7 +31,7 @@ The interventions use only the public parts of the encoder: its ``embeddings`` a
 each block called with a per-layer keep-mask (:func:`run_layers`), and a forward hook on each
 block's attention that keeps the gradient of its weights (:func:`edge_attributions`).
 
-Introduced in chapter 12 (claim 19). Sources: Jain & Wallace 2019; Wiegreffe & Pinter 2019;
+Introduced in chapter 13 (claim 19). Sources: Jain & Wallace 2019; Wiegreffe & Pinter 2019;
 Kobayashi et al. 2020; Abnar & Zuidema 2020.
 """
 
@@ -96,7 +96,7 @@ def run_layers(
         TypeError / ValueError: not an Encoder; ``x`` not (B, T, D); ``start`` out of range; a mask
         that is not a boolean tensor broadcastable to (B, H, T, T).
 
-    Source: chapter 12.
+    Source: chapter 13.
     """
     _require_encoder(encoder)
     require_tensor("x", x)
@@ -118,7 +118,7 @@ def run_layers(
 def sentence_embedding(hidden: torch.Tensor) -> torch.Tensor:
     """all-MiniLM-L6-v2's sentence embedding of unpadded sentences: mean over positions, L2-normalised.
 
-    (B, T, D) -> (B, D). Differentiable. Source: chapter 12 (as ``MiniLM.sentence_embedding``).
+    (B, T, D) -> (B, D). Differentiable. Source: chapter 13 (as ``MiniLM.sentence_embedding``).
     """
     pooled = hidden.mean(dim=1)  # (B, T, D) -> (B, D)
     return pooled / pooled.norm(dim=-1, keepdim=True)
@@ -150,7 +150,7 @@ def value_norms(encoder: Encoder, hidden_states) -> torch.Tensor:
         had all the weight. Multiply by the weights (B, L, H, T_query, T_key) to get the norms of
         the vectors each edge moves.
 
-    Source: Kobayashi et al. 2020, section 3 (eq. 6); chapter 12.
+    Source: Kobayashi et al. 2020, section 3 (eq. 6); chapter 13.
     """
     _require_encoder(encoder)
     norms = []
@@ -199,7 +199,7 @@ def edge_attributions(
     Raises:
         TypeError / ValueError: not an Encoder; ``input_ids`` not (1, T); ``reference`` not (D,).
 
-    Source: chapter 12.
+    Source: chapter 13.
     """
     _require_encoder(encoder)
     _check_ids(input_ids)
@@ -260,7 +260,7 @@ def _ablation_effects(
 def ablate_heads(encoder: Encoder, input_ids: torch.Tensor, reference: torch.Tensor) -> np.ndarray:
     """Change of f when one head's context is zeroed (all its keys blocked): (L, H), signed.
 
-    Source: chapter 12 (Michel et al. 2019's head ablation, measured on f).
+    Source: chapter 13 (Michel et al. 2019's head ablation, measured on f).
     """
     _require_encoder(encoder)
     _check_ids(input_ids)
@@ -285,7 +285,7 @@ def ablate_edges(
 ) -> np.ndarray:
     """Change of f when one edge (query i, key j) of one head is blocked, row renormalised: (T, T), signed.
 
-    Source: chapter 12.
+    Source: chapter 13.
     """
     _require_encoder(encoder)
     _check_ids(input_ids)
@@ -306,7 +306,7 @@ def ablate_keys(
 ) -> np.ndarray:
     """Change of f when one head stops reading one key (column j blocked for every query): (H, T), signed.
 
-    Source: chapter 12.
+    Source: chapter 13.
     """
     _require_encoder(encoder)
     _check_ids(input_ids)
@@ -323,7 +323,7 @@ def spearman(a, b) -> float:
     Raises:
         ValueError: different lengths, fewer than 3 entries, NaN/inf, or a constant input.
 
-    Source: Spearman 1904; chapter 12.
+    Source: Spearman 1904; chapter 13.
     """
     a, b = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
     if a.shape != b.shape or a.size < 3:
@@ -353,7 +353,7 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
 def per_head_spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Spearman correlation over the edges of each head: (L, H, T, T) and (L, H, T, T) -> (L, H).
 
-    Source: chapter 12.
+    Source: chapter 13.
     """
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape or a.ndim != 4:
@@ -382,7 +382,7 @@ def attention_rollout(weights, residual: float = 0.5) -> np.ndarray:
         ValueError: ``weights`` not 4-D with square (T, T) maps, negative or non-finite entries,
         or ``residual`` outside [0, 1).
 
-    Source: Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers", section 3; chapter 12.
+    Source: Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers", section 3; chapter 13.
     """
     w = np.asarray(weights.detach() if isinstance(weights, torch.Tensor) else weights, dtype=np.float64)
     if w.ndim != 4 or w.shape[-1] != w.shape[-2]:
@@ -430,7 +430,7 @@ def dataset_means(encoder: Encoder, sentences_ids) -> DatasetMeans:
     Raises:
         TypeError / ValueError: not an Encoder; an empty list; an entry that is not (1, T).
 
-    Source: chapter 12 (mean ablation, as in Wang et al. 2023's path patching with mean activations).
+    Source: chapter 13 (mean ablation, as in Wang et al. 2023's path patching with mean activations).
     """
     _require_encoder(encoder)
     sentences_ids = list(sentences_ids)
@@ -512,7 +512,7 @@ def mean_ablate_keys(
         TypeError / ValueError: not an Encoder; ``input_ids`` not (1, T); ``means`` not a
         :class:`DatasetMeans` of this encoder's shape.
 
-    Source: chapter 12.
+    Source: chapter 13.
     """
     _require_encoder(encoder)
     _check_ids(input_ids)
@@ -545,7 +545,7 @@ def mean_ablate_heads(
     Raises:
         As :func:`mean_ablate_keys`.
 
-    Source: chapter 12.
+    Source: chapter 13.
     """
     _require_encoder(encoder)
     _check_ids(input_ids)
@@ -579,7 +579,7 @@ def ablate_tokens(
     Raises:
         TypeError / ValueError: not an Encoder; ``input_ids`` not (1, T); another ``replacement``.
 
-    Source: chapter 12.
+    Source: chapter 13.
     """
     _require_encoder(encoder)
     _check_ids(input_ids)
@@ -626,7 +626,7 @@ def importance_correlations(
     Raises:
         The errors of :func:`edge_attributions` and :func:`mean_ablate_keys`.
 
-    Source: chapter 12.
+    Source: chapter 13.
     """
     _require_means(means, encoder)
     A = edge_attributions(encoder, input_ids, reference, [""] * input_ids.shape[1])

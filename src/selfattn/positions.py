@@ -6,7 +6,7 @@ three places to put it:
 
 - **added to the input** (absolute): a vector per position added to the token embedding, either
   fixed sinusoids (:func:`sinusoidal_encoding`, Vaswani et al. 2017, section 3.5) or a learned table
-  (:class:`LearnedPositions`, as in BERT, MiniLM and chapter 13's first GPT);
+  (:class:`LearnedPositions`, as in BERT, MiniLM and chapter 14's first GPT);
 - **rotating queries and keys** (relative by construction): RoPE (:func:`apply_rope`, Su et al. 2021)
   turns each (q, k) pair of features by an angle proportional to the position, so that
   ``q_m . k_n`` depends only on ``m - n`` (claim 23);
@@ -470,7 +470,7 @@ class NoPositions(PositionScheme):
 class LearnedPositions(PositionScheme):
     """A learned (max_positions, D) table ``weight``; row p is added to the embedding at position p.
 
-    As in BERT, MiniLM (512 rows) and chapter 13's first GPT. It has no row for a position past its
+    As in BERT, MiniLM (512 rows) and chapter 14's first GPT. It has no row for a position past its
     table, so it cannot run there (:meth:`check_positions` raises): claim 24.
 
     Args:

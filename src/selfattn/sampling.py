@@ -13,7 +13,7 @@ depends on how a sort orders equal values (top-k may then keep more than k token
 :func:`filter_logits` applies top-k and top-p by setting the others' logits to -inf; :func:`sample`
 draws the token; :meth:`selfattn.models.gpt.GPT.generate` uses both.
 
-Introduced in chapter 11 (inference); temperature sampling is chapter 13's.
+Introduced in chapter 11 (inference); temperature sampling is chapter 14's.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def sample(
     Greedy: the argmax (``temperature``, ``top_k`` and ``top_p`` ignored). Otherwise a draw from
     ``softmax(filter_logits(logits / temperature, top_k, top_p))`` with ``torch.multinomial`` and
     ``generator`` (on the generator's device, so a seed gives the same draws on any device). Without
-    top-k and top-p it is plain temperature sampling, drawing exactly as chapter 13 does.
+    top-k and top-p it is plain temperature sampling, drawing exactly as chapter 14 does.
 
     Raises:
         TypeError / ValueError: bad ``logits`` (as :func:`filter_logits`, checked on every path,
@@ -149,7 +149,7 @@ def sample(
     The computation runs in the logits' dtype promoted to at least float32, after subtracting each
     row's maximum, so any temperature > 0, however small, is safe (it tends to greedy).
 
-    Source: chapter 13 (temperature); Holtzman et al. 2020 (top-p); chapter 11.
+    Source: chapter 14 (temperature); Holtzman et al. 2020 (top-p); chapter 11.
     """
     greedy = require_flag("greedy", greedy)
     temperature = _require_temperature(temperature)

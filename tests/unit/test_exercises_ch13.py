@@ -2,64 +2,87 @@
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 from selfattn.exercises import ch13
 
 
-def next_token_distribution(logits, temperature):
-    return torch.softmax(logits / temperature, dim=-1)
+def moved_norms(weights, V, W_O):
+    moved = (V @ W_O).norm(dim=-1)  # (H, T, Dh) @ (H, Dh, D) -> (H, T, D) -> (H, T)
+    return weights * moved[:, None, :]
 
 
-def append_to_cache(K_cache, V_cache, k_new, v_new):
-    return torch.cat([K_cache, k_new], dim=-2), torch.cat([V_cache, v_new], dim=-2)
+def block_edge(weights, i, j):
+    out = weights.copy()
+    out[i, j] = 0.0
+    out[i] /= out[i].sum()
+    return out
 
 
 def test_reference_solutions_pass():
-    assert ch13.check_next_token_distribution(next_token_distribution)
-    assert ch13.check_append_to_cache(append_to_cache)
+    assert ch13.check_moved_norms(moved_norms)
+    assert ch13.check_block_edge(block_edge)
 
 
 def test_not_attempted_is_not_a_failure():
     def stub(*args):
         raise NotImplementedError
 
-    for check in (ch13.check_next_token_distribution, ch13.check_append_to_cache):
+    for check in (ch13.check_moved_norms, ch13.check_block_edge):
         feedback = check(stub)
         assert not feedback and not feedback.attempted
 
 
-def test_next_token_distribution_mistakes():
-    times = ch13.check_next_token_distribution(lambda x, t: torch.softmax(x * t, dim=-1))
-    assert not times and "multiplied" in times.message
-    raw = ch13.check_next_token_distribution(lambda x, t: x / t)
-    assert not raw and "apply softmax" in raw.message
-    axis = ch13.check_next_token_distribution(lambda x, t: torch.softmax(x / t, dim=0))
-    assert not axis and "vocabulary" in axis.message
-
-
-def test_append_to_cache_mistakes():
-    only_new = ch13.check_append_to_cache(lambda K, V, k, v: (k, v))
-    assert not only_new and "only the new position" in only_new.message
-    reversed_order = ch13.check_append_to_cache(
-        lambda K, V, k, v: (torch.cat([k, K], dim=-2), torch.cat([v, V], dim=-2))
+def test_moved_norms_mistakes():
+    no_wo = ch13.check_moved_norms(lambda w, V, W_O: w * V.norm(dim=-1)[:, None, :])
+    assert not no_wo and "W_O" in no_wo.message
+    squared = ch13.check_moved_norms(
+        lambda w, V, W_O: w * ((V @ W_O).norm(dim=-1) ** 2)[:, None, :]
     )
-    assert not reversed_order and "comes first" in reversed_order.message
-    swapped = ch13.check_append_to_cache(
-        lambda K, V, k, v: (torch.cat([V, v], dim=-2), torch.cat([K, k], dim=-2))
+    assert not squared and "squared" in squared.message
+    no_weight = ch13.check_moved_norms(
+        lambda w, V, W_O: (V @ W_O).norm(dim=-1)[:, None, :].expand_as(w)
     )
-    assert not swapped and "values" in swapped.message
-    single = ch13.check_append_to_cache(lambda K, V, k, v: torch.cat([K, k], dim=-2))
-    assert not single and "pair" in single.message
+    assert not no_weight and "weight" in no_weight.message
+    rows = ch13.check_moved_norms(lambda w, V, W_O: w * (V @ W_O).norm(dim=-1)[:, :, None])
+    assert not rows and "query" in rows.message
+    crash = ch13.check_moved_norms(lambda w, V, W_O: w @ W_O)
+    assert not crash and "raised" in crash.message
 
 
-def test_append_to_cache_wrong_values_are_named():
-    stale = ch13.check_append_to_cache(
-        lambda K, V, k, v: (torch.cat([K, k], dim=-2), torch.cat([V, V[..., :1, :]], dim=-2))
-    )
-    assert not stale and "V has the right shape but wrong values" in stale.message
+def test_block_edge_mistakes():
+    def no_renorm(w, i, j):
+        out = w.copy()
+        out[i, j] = 0.0
+        return out
+
+    def column(w, i, j):
+        out = w.copy()
+        out[:, j] = 0.0
+        return out / out.sum(-1, keepdims=True)
+
+    def in_place(w, i, j):
+        w[i, j] = 0.0
+        w[i] /= w[i].sum()
+        return w
+
+    feedback = ch13.check_block_edge(no_renorm)
+    assert not feedback and "renormalise" in feedback.message
+    feedback = ch13.check_block_edge(column)
+    assert not feedback and "every query" in feedback.message
+    feedback = ch13.check_block_edge(in_place)
+    assert not feedback and "copy" in feedback.message
+    feedback = ch13.check_block_edge(lambda w, i, j: np.zeros_like(w))
+    assert not feedback and "wrong values" in feedback.message
 
 
-def test_append_to_cache_accepts_a_list_pair():
-    # the same rule as exercise 6.2: any 2-sequence (tuple or list) is a pair
-    assert ch13.check_append_to_cache(lambda *args: list(append_to_cache(*args)))
+def test_moved_norms_accepts_float32_and_says_close():
+    def float32(weights, V, W_O):  # right, but in float32: off by ~1e-6
+        return moved_norms(weights.float(), V.float(), W_O.float())
+
+    def with_eps(weights, V, W_O):  # a small leftover factor: off by ~1e-4 relative
+        return moved_norms(weights, V, W_O) * (1 - 1e-4)
+
+    assert ch13.check_moved_norms(float32)
+    feedback = ch13.check_moved_norms(with_eps)
+    assert not feedback and "Close" in feedback.message and "1e-05" in feedback.message, feedback.message

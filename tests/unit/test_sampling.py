@@ -69,7 +69,7 @@ def test_samples_follow_the_renormalised_distribution():
 
 
 def test_plain_temperature_sampling_draws_exactly_as_before():
-    """With neither top-k nor top-p, sample() is chapter 13's temperature sampling, draw for draw."""
+    """With neither top-k nor top-p, sample() is chapter 14's temperature sampling, draw for draw."""
     logits = torch.randn(3, 9, generator=torch.Generator().manual_seed(4))
     a = sample(logits, temperature=0.7, generator=torch.Generator().manual_seed(5))
     b = torch.multinomial(torch.softmax(logits.float() / 0.7, dim=-1), 1, generator=torch.Generator().manual_seed(5))

@@ -1,4 +1,4 @@
-"""Chapter 12's figures: per-head scaling, the slider over heads, the scatter's buttons."""
+"""Chapter 13's figures: per-head scaling, the slider over heads, the scatter's buttons."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Chapter 13's figures (the loss curve, the retrieval frames) and chapter 08's loss by position hold\nthe data they were given."""
+"""Chapter 14's figures (the loss curve, the retrieval frames) and chapter 08's loss by position hold\nthe data they were given."""
 
 from __future__ import annotations
 

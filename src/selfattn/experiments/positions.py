@@ -307,7 +307,7 @@ def compare_position_schemes(
     thread count); the global torch seed is left advanced.
 
     Args:
-        train_ids, val_ids: 1-D integer token ids (e.g. chapter 13's 90 % / 10 % split of
+        train_ids, val_ids: 1-D integer token ids (e.g. chapter 14's 90 % / 10 % split of
             :func:`selfattn.data.load_corpus` encoded by :class:`selfattn.data.CharTokenizer`).
         vocab_size: V (> 0); every id is in [0, V).
         schemes: names from :data:`~selfattn.positions.POSITION_SCHEMES`, without repeats.

@@ -16,7 +16,7 @@ query's attention row on a fixed example while it learns, so the chapter can sho
 moving onto the matching key; :func:`addressing_accuracy` measures how often the largest weight sits
 on the matching pair.
 
-Introduced in chapter 13 (claim 20).
+Introduced in chapter 14 (claim 20).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def make_retrieval_batch(
     Raises:
         TypeError / ValueError: ``batch_size`` not a positive int.
 
-    Source: chapter 13.
+    Source: chapter 14.
     """
     B = require_positive_int("batch_size", batch_size)
     P = config.n_pairs
@@ -118,7 +118,7 @@ class RetrievalModel(nn.Module):
         forward(batch) -> logits (B, n_values); with ``return_weights=True`` also the weights
         (B, 1, P + 1, P + 1). The query's row is ``weights[:, 0, -1]``.
 
-    Source: chapter 13 (claim 20).
+    Source: chapter 14 (claim 20).
     """
 
     def __init__(self, config: RetrievalConfig):
@@ -193,7 +193,7 @@ def train_retrieval(
     Returns:
         A :class:`RetrievalLog`. The model is left in eval mode.
 
-    Source: chapter 13 (claim 20).
+    Source: chapter 14 (claim 20).
     """
     progress = require_flag("progress", progress)
     from tqdm.auto import tqdm
@@ -232,7 +232,7 @@ def train_retrieval(
 def retrieval_accuracy(model: RetrievalModel, batch: RetrievalBatch) -> float:
     """Fraction of examples whose most probable answer is the stored value, in [0, 1].
 
-    Source: chapter 13.
+    Source: chapter 14.
     """
     return (model(batch).argmax(-1) == batch.answer).float().mean().item()
 
@@ -242,7 +242,7 @@ def addressing_accuracy(model: RetrievalModel, batch: RetrievalBatch) -> tuple[f
     """How well the query addresses: (fraction of examples whose largest query weight is on the
     matching pair, mean weight on the matching pair), both in [0, 1].
 
-    Source: chapter 13 (claim 20).
+    Source: chapter 14 (claim 20).
     """
     _, weights = model(batch, return_weights=True)  # (B, 1, P+1, P+1)
     row = weights[:, 0, -1]  # (B, P + 1): the query's attention over the pairs and itself

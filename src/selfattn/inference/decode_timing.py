@@ -9,7 +9,7 @@ timing: it is paid once per prompt, not per token.
 
 Timings are reported as numbers and figures, never asserted: a busy machine must not break a test.
 
-Source: chapter 10 (the cache), chapter 13 (the model); chapter 11.
+Source: chapter 10 (the cache), chapter 14 (the model); chapter 11.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ..models.gpt import GPT, GPTConfig
 
 __all__ = ["CAPSTONE_SIZES", "capstone_sized_gpt", "DecodeTiming", "time_decode"]
 
-#: The sizes of chapter 13's capstone model (notebooks/13_capstone_gpt.ipynb); its vocabulary is the
+#: The sizes of chapter 14's capstone model (notebooks/14_capstone_gpt.ipynb); its vocabulary is the
 #: 94 characters of the course's corpus.
 CAPSTONE_SIZES = {"vocab_size": 94, "block_size": 64, "d_model": 64, "n_heads": 4, "n_layers": 2, "d_ff": 256,
                   "positions": "rope"}

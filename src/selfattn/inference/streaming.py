@@ -563,7 +563,7 @@ def streaming_experiment(
     machine and thread count, and its losses are comparable with that chapter's.
 
     Args:
-        train_ids, val_ids: 1-D token ids (chapter 13's 90 % / 10 % split). vocab_size: V.
+        train_ids, val_ids: 1-D token ids (chapter 14's 90 % / 10 % split). vocab_size: V.
         training: keyword arguments of ``compare_position_schemes`` that change its defaults (not
             ``schemes`` or ``eval_lengths``). progress: its tqdm bar.
         measure: keyword arguments of :func:`streaming_losses` (window, n_sinks_list, ...).

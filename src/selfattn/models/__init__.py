@@ -2,7 +2,7 @@
 
 ``tiny_lm``: a character-level next-token model (token and learned position embeddings, pre-norm
 Transformer blocks, a linear read-out), trained with and without the causal mask in chapter 04.
-``gpt``: the capstone decoder (chapter 13): causal by construction, with a position scheme from
+``gpt``: the capstone decoder (chapter 14): causal by construction, with a position scheme from
 :mod:`selfattn.positions` (RoPE by default; chapter 08 compares them), a KV-cached generation path,
 a training loop with validation.
 ``rnn``: an Elman recurrent network with its loop over time written out, beside attention in

@@ -15,7 +15,7 @@ that follows the small protocol of :class:`CachePlan` (it says where the new que
 sit and which keys they see, and stores and rotates the keys) can stand in for the KVCache, e.g.
 chapter 11's sliding window with attention sinks (:mod:`selfattn.inference.streaming`).
 
-Introduced in chapter 13 (Radford et al. 2018's decoder-only layout, with pre-norm blocks); the
+Introduced in chapter 14 (Radford et al. 2018's decoder-only layout, with pre-norm blocks); the
 position schemes are compared in chapter 08.
 """
 
@@ -78,7 +78,7 @@ class GPTConfig:
         n_heads, an unknown ``positions``, a bad ``rope_base``, or sizes the scheme cannot use
         (RoPE needs an even d_head = d_model / n_heads; sinusoids an even d_model).
 
-    Source: chapter 13; the schemes, chapter 08.
+    Source: chapter 14; the schemes, chapter 08.
     """
 
     vocab_size: int
@@ -223,7 +223,7 @@ class GPT(nn.Module):
         tensor with ids in [0, V), T = 0, or (learned positions only) T > block_size.
 
     Source: Radford et al. 2018 (decoder-only); Vaswani et al. 2017 section 3.2.3 (causal mask);
-    chapter 13; position schemes, chapter 08.
+    chapter 14; position schemes, chapter 08.
     """
 
     def __init__(self, config: GPTConfig):
@@ -337,7 +337,7 @@ class GPT(nn.Module):
             (learned positions) positions past the table; whatever the cache refuses (e.g. a sliding
             window given more new tokens than it can hold). TypeError: an object that is not a cache.
 
-        Source: chapter 10 (the cache), chapter 11 (the protocol), chapter 13.
+        Source: chapter 10 (the cache), chapter 11 (the protocol), chapter 14.
         """
         if not isinstance(caches, (list, tuple)) or len(caches) != len(self.blocks):
             raise ValueError(
@@ -395,7 +395,7 @@ class GPT(nn.Module):
             NaN or +inf logits (a model with NaN weights), greedy or not; with learned positions, a result longer than the table;
             ``make_cache`` not callable, or given with ``use_cache=False``.
 
-        Source: chapter 13; ``make_cache``, chapter 11.
+        Source: chapter 14; ``make_cache``, chapter 11.
         """
         greedy = require_flag("greedy", greedy)
         use_cache = require_flag("use_cache", use_cache)
@@ -470,7 +470,7 @@ def evaluate_loss(
     Raises:
         TypeError / ValueError: as :func:`selfattn.data.random_windows`.
 
-    Source: chapter 13.
+    Source: chapter 14.
     """
     require_positive_int("batches", batches)
     generator = torch.Generator().manual_seed(seed)
@@ -518,7 +518,7 @@ def train_lm(
     Raises:
         TypeError / ValueError: sizes not positive ints; ids too short for one window.
 
-    Source: chapter 13.
+    Source: chapter 14.
     """
     progress = require_flag("progress", progress)
     from tqdm.auto import tqdm
@@ -571,7 +571,7 @@ def unigram_cross_entropy(train_ids: torch.Tensor, val_ids: torch.Tensor, vocab_
     Raises:
         TypeError / ValueError: ids not 1-D integer tensors; ``vocab_size`` not a positive int.
 
-    Source: chapter 13.
+    Source: chapter 14.
     """
     for name, ids in (("train_ids", train_ids), ("val_ids", val_ids)):
         require_tensor(name, ids)

@@ -1,4 +1,4 @@
-"""Figures for chapter 12: attention weights beside what the edges move and what they change.
+"""Figures for chapter 13: attention weights beside what the edges move and what they change.
 
 - :func:`edge_measures_figure`: for a set of heads, one heatmap per measure (weight, norm of the
   moved vector, |gradient x weight|, |ablation effect|), two to a row, each scaled to its head's
@@ -8,7 +8,7 @@
   measure, chosen by buttons; special tokens and punctuation drawn apart.
 - :func:`token_bars_figure`: one bar per token for several token-level measures, with buttons.
 
-Source: chapter 12.
+Source: chapter 13.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def edge_measures_figure(
     Raises:
         ValueError: measures of the wrong shape or not finite.
 
-    Source: chapter 12.
+    Source: chapter 13.
     """
     scaled = _check(tokens, measures, head_labels)
     names = list(scaled)
@@ -137,7 +137,7 @@ def edge_measures_widget(
     """Live explorer (needs a kernel): a head slider and a measure menu; shows one heatmap of
     :func:`edge_measures_figure`'s views at a time. Returns an ``ipywidgets.VBox``.
 
-    Source: chapter 12.
+    Source: chapter 13.
     """
     import ipywidgets as widgets
 
@@ -174,7 +174,7 @@ def key_scatter_figure(
     Raises:
         ValueError: arrays of different lengths or not finite.
 
-    Source: chapter 12.
+    Source: chapter 13.
     """
     x = np.asarray(received, dtype=np.float64)
     special = np.asarray(special, dtype=bool)
@@ -225,7 +225,7 @@ def token_bars_figure(
     Raises:
         ValueError: measures not of length len(tokens), not finite, or all zero.
 
-    Source: chapter 12.
+    Source: chapter 13.
     """
     shares = {}
     for name, m in measures.items():

@@ -1,11 +1,11 @@
-"""Figures for chapter 13 (loss curves of the small GPT, attention learning to address).
+"""Figures for chapter 14 (loss curves of the small GPT, attention learning to address).
 
 :func:`loss_curve_figure` plots the training loss of every step (with a moving average), the
 validation loss where it was measured, and horizontal baselines. :func:`retrieval_frames_figure`
 shows the query's attention over the dictionary at every recorded training step, one frame per
 step with a slider and a play button (explorable with no kernel); :func:`retrieval_step_figure`
 is one of those frames, used by the live explorer :func:`retrieval_explorer_widget`.
-Source: chapter 13; chapter 08.
+Source: chapter 14; chapter 08.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def loss_curve_figure(
         ValueError: empty ``train_loss``, ``val_steps``/``val_loss`` of different lengths, or
         non-finite values.
 
-    Source: chapter 13.
+    Source: chapter 14.
     """
     train = np.asarray(train_loss, dtype=np.float64)
     steps_v, val = np.asarray(val_steps), np.asarray(val_loss, dtype=np.float64)
@@ -132,7 +132,7 @@ def retrieval_step_figure(
             included as a last entry and is dropped). keys, values: the P pairs. query: the query
             key. where: index of the matching pair. step: training step, for the title.
 
-    Source: chapter 13.
+    Source: chapter 14.
     """
     P = len(keys)
     w = np.asarray(row, dtype=np.float64)[:P]
@@ -170,7 +170,7 @@ def retrieval_frames_figure(
     Raises:
         ValueError: ``snapshot_steps`` and ``snapshots`` of different lengths, or empty.
 
-    Source: chapter 13 (claim 20).
+    Source: chapter 14 (claim 20).
     """
     if len(snapshot_steps) != len(snapshots) or not snapshots:
         raise ValueError(
@@ -231,7 +231,7 @@ def retrieval_explorer_widget(snapshot_steps, snapshots, keys, values, query, wh
     :func:`retrieval_step_figure`; the same views as :func:`retrieval_frames_figure`.
 
     Returns:
-        An ``ipywidgets.VBox``. Source: chapter 13.
+        An ``ipywidgets.VBox``. Source: chapter 14.
     """
     import ipywidgets as widgets
 

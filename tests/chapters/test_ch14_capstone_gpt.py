@@ -1,4 +1,4 @@
-"""Chapter 13's claims: a GPT built from the course's blocks (with RoPE) learns real text (validation
+"""Chapter 14's claims: a GPT built from the course's blocks (with RoPE) learns real text (validation
 loss below the unigram baseline within a fixed step budget), decodes with the KV cache exactly as
 without it, runs past its training length (where its loss is measured higher), round-trips through
 safetensors; and attention learns to address (claim 20)."""

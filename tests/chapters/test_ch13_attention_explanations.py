@@ -1,4 +1,4 @@
-"""Chapter 12's claim 19 on the real model: a high attention weight is not proof of causal
+"""Chapter 13's claim 19 on the real model: a high attention weight is not proof of causal
 importance. Numbers measured on the chapter's sentence (CPU, float32) and asserted with margins."""
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def test_claim_19_numbers_and_figures_are_reproducible(minilm, measured, one_thr
         assert len(fig1.to_json()) < 300_000
 
 
-# The course's sentences of chapter 12's last section (this chapter's and the bank sentences of
+# The course's sentences of chapter 13's last section (this chapter's and the bank sentences of
 # chapters 01-02), each against the same reference.
 SENTENCES = [
     SENTENCE,
