@@ -1,0 +1,204 @@
+"""Ring attention over P processes with ``torch.distributed``, exact forward and backward (chapter 12).
+
+Each of P ranks holds a sequence shard of Q, K and V, (B, H, T/P, Dh). The key/value blocks travel
+around the ring: at step t rank r holds the block that started on rank (r - t) mod P, attends its own
+queries to it (one :func:`~selfattn.inference.split_kv.partial_attention`) and merges the partial into
+its running result with chapter 11's :func:`~selfattn.inference.split_kv.merge_partials`, the online
+softmax of chapter 10. The send of the block to rank r + 1 and the receive of the next from rank r - 1
+are posted (``dist.batch_isend_irecv``) *before* the step's arithmetic, so that transfer and compute
+overlap. After P steps every query has met every key: :func:`~selfattn.inference.split_kv.finalize`
+gives exact attention and its log-sum-exp (Liu, Zaharia and Abbeel 2023, "Ring Attention with
+Blockwise Transformers for Near-Infinite Context").
+
+The backward pass is a second ring (Dao 2023, Algorithm 2, per block): K and V travel again, now with
+their gradient accumulators dK and dV; each rank recomputes its queries' weights of the block from the
+saved log-sum-exp, adds its contribution to dK and dV, keeps dQ at home, and passes the block on; after
+the full circle the accumulators arrive home.
+
+Bytes sent per rank (e = element size, n = T/P, one tensor of a block = B H n Dh e bytes):
+
+- forward: ``(P - 1) x 2 x B x H x n x Dh x e`` (K and V, P - 1 hops), plus ``(P - 1) x B x n`` for a
+  key-padding mask (one byte per position, travelling with its keys);
+- backward: ``(P - 1) x 2 x B x H x n x Dh x e`` (K and V again) ``+ P x 2 x B x H x n x Dh x e`` (dK and
+  dV, P hops: the last brings them home), plus ``(P - 1) x B x n`` for a mask; nothing when P = 1.
+
+Source: chapter 12; Liu et al. (2023); the merge: chapter 11, Milakov and Gimelshein (2018); the
+backward: Dao (2023), Algorithm 2.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from ..inference.split_kv import Partial, finalize, merge_partials, partial_attention
+from ._checks import check_shards, group_size_rank
+from .comm import StepRecord, Traffic, post_ring_exchange, wait_all
+from .layout import shard_positions
+
+__all__ = ["ring_attention", "ring_bytes_formula"]
+
+
+def ring_bytes_formula(B: int, H: int, T: int, Dh: int, P: int, element_size: int,
+                       key_padding_mask: bool = False) -> dict:
+    """``{"forward": bytes, "backward": bytes}`` one rank sends in :func:`ring_attention` (see the module)."""
+    if P == 1:
+        return {"forward": 0, "backward": 0}
+    block, mask = B * H * (T // P) * Dh * element_size, (B * (T // P) if key_padding_mask else 0)
+    return {"forward": (P - 1) * (2 * block + mask), "backward": (P - 1) * (2 * block + mask) + P * 2 * block}
+
+
+def _keep(q_pos, k_pos, mask_block, causal):
+    """Boolean keep-mask (B or 1, 1, n, n) of this rank's queries against one key block, or None."""
+    keep = None
+    if causal:
+        keep = (q_pos[:, None] >= k_pos[None, :])[None, None]  # (1, 1, n, n): i sees j iff pos_i >= pos_j
+    if mask_block is not None:
+        pad = mask_block[:, None, None, :]  # (B, n) -> (B, 1, 1, n): a padded key is seen by no query
+        keep = pad if keep is None else keep & pad
+    return keep
+
+
+def _ring_forward(q, k, v, kpm, causal, layout, scale, group, traffic):
+    P, r = group_size_rank(group)
+    n = q.shape[2]
+    nxt, prv = (r + 1) % P, (r - 1) % P
+    q_pos = shard_positions(n * P, P, layout, r).to(q.device)
+    running = None
+    block = [k, v] + ([kpm] if kpm is not None else [])  # what travels: keys, values, their padding
+    for t in range(P):
+        src = (r - t) % P  # the rank this block started on
+        incoming, reqs = [], []
+        if t < P - 1:  # post the next block's transfer first, then compute on this one
+            incoming = [torch.empty_like(x) for x in block]
+            reqs = post_ring_exchange(block, incoming, nxt, prv, group, traffic, "forward")
+        t0 = time.perf_counter()
+        keep = _keep(q_pos, shard_positions(n * P, P, layout, src).to(q.device),
+                     block[2] if kpm is not None else None, causal)
+        pairs = 0
+        if keep is None or bool(keep.any()):  # a block no query may see is skipped, not computed
+            pairs = q.shape[0] * n * n if keep is None else int(keep.expand(q.shape[0], 1, n, n).sum())
+            part = partial_attention(q, block[0], block[1], scale=scale, mask=keep)  # m, l (B, H, n); acc (B, H, n, Dh)
+            running = part if running is None else merge_partials(running, part)
+        compute_s = time.perf_counter() - t0
+        wait_s = wait_all(reqs)
+        if traffic is not None:
+            traffic.steps.append(StepRecord("forward", t, sum(x.numel() * x.element_size() for x in block)
+                                            if t < P - 1 else 0, compute_s, wait_s, pairs))
+        block = incoming
+    if running is None:  # every key hidden from every query: zero rows, lse = -inf
+        running = Partial(torch.full(q.shape[:-1], -math.inf, dtype=q.dtype, device=q.device),
+                          q.new_zeros(q.shape[:-1]), torch.zeros_like(q))
+    return finalize(running)  # context (B, H, n, Dh), lse (B, H, n)
+
+
+def _block_grads(q, k, v, dout, lse, delta, keep, scale):
+    """Dao (2023) Algorithm 2 for one (query shard, key block) pair: (dq, dk, dv) contributions."""
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, n, Dh) @ (B, H, Dh, n) -> (B, H, n, n)
+    lse_safe = torch.where(torch.isfinite(lse), lse, 0.0)[..., None]  # a row that saw nothing: weights 0
+    weights = torch.exp(scores - lse_safe)  # P = exp(S - L), recomputed, never stored
+    if keep is not None:
+        weights = torch.where(keep, weights, 0.0)
+    dv = weights.transpose(-2, -1) @ dout  # dV += P^T dO: (B, H, n, n) @ (B, H, n, Dh)
+    dp = dout @ v.transpose(-2, -1)  # dP = dO V^T: (B, H, n, Dh) @ (B, H, Dh, n) -> (B, H, n, n)
+    ds = weights * (dp - delta[..., None])  # dS = P * (dP - rowsum(dO * O))
+    dq = (ds @ k) * scale  # dQ += dS K scale: (B, H, n, n) @ (B, H, n, Dh)
+    dk = (ds.transpose(-2, -1) @ q) * scale  # dK += dS^T Q scale
+    return dq, dk, dv
+
+
+def _ring_backward(dout, q, k, v, kpm, out, lse, causal, layout, scale, group, traffic):
+    P, r = group_size_rank(group)
+    n = q.shape[2]
+    nxt, prv = (r + 1) % P, (r - 1) % P
+    q_pos = shard_positions(n * P, P, layout, r).to(q.device)
+    delta = (dout * out).sum(dim=-1)  # (B, H, n): rowsum(dO * O)
+    dq = torch.zeros_like(q)
+    block = [k, v] + ([kpm] if kpm is not None else [])
+    acc_in, acc_reqs = None, []  # the accumulators of the block now held, arriving from rank r - 1
+    for t in range(P):
+        src = (r - t) % P
+        incoming, reqs = [], []
+        if t < P - 1:  # keys and values of the next block: posted before this step's arithmetic
+            incoming = [torch.empty_like(x) for x in block]
+            reqs = post_ring_exchange(block, incoming, nxt, prv, group, traffic, "backward")
+        t0 = time.perf_counter()
+        keep = _keep(q_pos, shard_positions(n * P, P, layout, src).to(q.device),
+                     block[2] if kpm is not None else None, causal)
+        if keep is None or bool(keep.any()):
+            dq_part, dk_loc, dv_loc = _block_grads(q, block[0], block[1], dout, lse, delta, keep, scale)
+            dq = dq + dq_part
+        else:  # skipped in the forward pass, skipped here: it contributes nothing
+            dk_loc, dv_loc = torch.zeros_like(k), torch.zeros_like(v)
+        compute_s = time.perf_counter() - t0
+        wait_s = wait_all(acc_reqs)  # this block's dK, dV from the ranks it visited before
+        acc = [dk_loc, dv_loc] if acc_in is None else [acc_in[0] + dk_loc, acc_in[1] + dv_loc]
+        sent = sum(x.numel() * x.element_size() for x in block) if t < P - 1 else 0
+        if P > 1:  # pass the accumulators on; after step P - 1 this hop takes them home
+            acc_in = [torch.empty_like(x) for x in acc]
+            acc_reqs = post_ring_exchange(acc, acc_in, nxt, prv, group, traffic, "backward")
+            sent += sum(x.numel() * x.element_size() for x in acc)
+        wait_s += wait_all(reqs)
+        if traffic is not None:
+            traffic.steps.append(StepRecord("backward", t, sent, compute_s, wait_s))
+        block = incoming
+    if P == 1:
+        return dq, acc[0], acc[1]
+    wait_all(acc_reqs)
+    return dq, acc_in[0], acc_in[1]  # this rank's own dK, dV, home after the full circle
+
+
+class _RingAttention(torch.autograd.Function):
+    """Forward: the ring of partials. Backward: the second ring, from the saved log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, kpm, causal, layout, scale, group, traffic):
+        out, lse = _ring_forward(q, k, v, kpm, causal, layout, scale, group, traffic)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.kpm, ctx.causal, ctx.layout, ctx.scale, ctx.group, ctx.traffic = kpm, causal, layout, scale, group, traffic
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _ring_backward(dout.contiguous(), q, k, v, ctx.kpm, out, lse, ctx.causal, ctx.layout,
+                                    ctx.scale, ctx.group, ctx.traffic)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def ring_attention(q, k, v, *, key_padding_mask=None, causal: bool = False, layout: str = "contiguous",
+                   scale: float | None = None, group=None, traffic: Traffic | None = None) -> torch.Tensor:
+    """This rank's shard of exact self-attention over the whole sequence, by ring attention.
+
+    Call it on every rank of the process group at once (each with its own shards).
+
+    Args:
+        q, k, v: this rank's shards, (B, H, T/P, Dh), one floating dtype, cut by
+            :func:`~selfattn.distributed.layout.shard_sequence` with ``layout``.
+        key_padding_mask: optional this rank's shard (B, T/P) of a ``torch.bool`` (B, T) mask, True =
+            real token; it travels with its keys. A query that sees only padding gets a zero row.
+        causal: position i sees position j iff j <= i (positions in the full sequence).
+        layout: ``"contiguous"`` or ``"zigzag"`` (:mod:`~selfattn.distributed.layout`).
+        scale: score multiplier; default ``1 / sqrt(Dh)``.
+        group: the process group (default: the whole world); ring order is rank order.
+        traffic: optional :class:`~selfattn.distributed.comm.Traffic` that records the bytes sent
+            (see the module for the formulas) and each step's compute and wait times.
+
+    Returns:
+        (B, H, T/P, Dh): rows of ``softmax(q k^T scale, masked) v`` for this rank's queries, differentiable
+        (the backward runs a second ring; every rank must call backward too).
+
+    Raises:
+        RuntimeError: torch.distributed not initialised.
+        TypeError / ValueError: non-tensors, dtypes, shapes not (B, H, T/P, Dh) alike, a bad mask,
+        layout or scale, shards of odd length for the zigzag layout (T not divisible by 2P).
+
+    Source: Liu, Zaharia and Abbeel (2023); Dao (2023), Algorithm 2; chapter 12.
+    """
+    P, _ = group_size_rank(group)
+    causal, layout = check_shards(q, k, v, key_padding_mask, causal, layout, scale, P)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # sent as they are: contiguous buffers
+    return _RingAttention.apply(q, k, v, key_padding_mask, causal, layout, scale, group, traffic)
