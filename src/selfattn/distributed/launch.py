@@ -53,6 +53,24 @@ def _worker(rank, world_size, port, timeout, fn, args, results):
         results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
+def _root_cause(procs, done, rank, payload, grace: float = 3.0) -> str:
+    """The message for rank ``rank``'s exception. A peer that died makes the survivors raise ("connection
+    closed by peer"), so first wait ``grace`` seconds for a rank that exited with a nonzero code and no
+    result: if there is one, it is the cause and is named first."""
+    end = time.monotonic() + grace
+    while time.monotonic() < end:
+        dead = [(r, p.exitcode) for r, p in enumerate(procs)
+                if r != rank and r not in done and p.exitcode is not None and p.exitcode != 0]
+        if dead:
+            r, code = dead[0]
+            first_line = payload.splitlines()[0] if payload else ""
+            return f"rank {r} died with exit code {code} before returning a result (then rank {rank} raised {first_line})"
+        if all(p.exitcode == 0 for r, p in enumerate(procs) if r != rank and r not in done):
+            break  # every other rank returned or ended cleanly: none died
+        time.sleep(0.05)  # others still run (or wait on the failed rank); a dying one may not be reaped yet
+    return f"rank {rank} raised {payload}"
+
+
 def run_distributed(fn, world_size: int, *args, timeout: float = 60.0):
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes joined in one gloo group.
 
@@ -106,7 +124,7 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 60.0):
             if status == "ok":
                 done[rank] = pickle.loads(payload)
             else:
-                error = f"rank {rank} raised {payload}"
+                error = _root_cause(procs, done, rank, payload)
     finally:
         if error is not None or len(done) < world_size:
             for p in procs:

@@ -22,12 +22,13 @@ Source: chapter 12; Jacobs et al. (2023).
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
 from ..attention import scaled_dot_product_attention
 from ._checks import check_shards, group_size_rank
-from .comm import StepRecord, Traffic, all_to_all
+from .comm import StepRecord, Traffic, all_to_all, nbytes
 from .layout import shard_positions
 
 __all__ = ["ulysses_attention", "ulysses_bytes_formula", "SeqToHeads"]
@@ -46,11 +47,18 @@ def ulysses_bytes_formula(B: int, H: int, T: int, Dh: int, P: int, element_size:
 def _exchange(x, scatter_dim, gather_dim, group, traffic, phase):
     """Cut ``x`` into P chunks along ``scatter_dim``, send chunk j to rank j, join what arrives along ``gather_dim``."""
     P, r = group_size_rank(group)
-    received = all_to_all(list(x.chunk(P, dim=scatter_dim)), group, traffic, phase, r)
+    return torch.cat(_counted_all_to_all(list(x.chunk(P, dim=scatter_dim)), r, group, traffic, phase), dim=gather_dim)
+
+
+def _counted_all_to_all(chunks, rank, group, traffic, phase):
+    """:func:`~selfattn.distributed.comm.all_to_all`, recorded as one step of ``traffic``."""
+    t0 = time.perf_counter()
+    received = all_to_all(chunks, group, traffic, phase, rank)
     if traffic is not None:
-        traffic.steps.append(StepRecord(phase, len([s for s in traffic.steps if s.phase == phase]),
-                                        sum(c.numel() * c.element_size() for j, c in enumerate(received) if j != r)))
-    return torch.cat(received, dim=gather_dim)
+        traffic.steps.append(StepRecord(phase, sum(s.phase == phase for s in traffic.steps),
+                                        sum(nbytes(c) for j, c in enumerate(chunks) if j != rank),
+                                        wait_s=time.perf_counter() - t0))
+    return received
 
 
 class SeqToHeads(torch.autograd.Function):
@@ -99,7 +107,7 @@ def ulysses_attention(q, k, v, *, key_padding_mask=None, causal: bool = False, l
     keep = (pos[:, None] >= pos[None, :])[None, None] if causal else None  # (1, 1, T, T)
     if key_padding_mask is not None:  # every rank needs the whole (B, T) mask: its shard goes to all
         _, r = group_size_rank(group)
-        shards = all_to_all([key_padding_mask.to(torch.uint8)] * P, group, traffic, "forward", r)
+        shards = _counted_all_to_all([key_padding_mask.to(torch.uint8)] * P, r, group, traffic, "forward")
         pad = torch.cat(shards, dim=1).bool()[:, None, None, :]  # (B, T) -> (B, 1, 1, T)
         keep = pad if keep is None else keep & pad
     context = scaled_dot_product_attention(qh, kh, vh, keep, scale=scale)  # (B, H/P, T, Dh)
