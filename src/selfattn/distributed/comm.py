@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-__all__ = ["Traffic", "StepRecord", "nbytes"]
+__all__ = ["Traffic", "StepRecord", "nbytes", "PUBLISHED_LINKS"]
+
+# Published interconnect bandwidths, bytes/s, both directions together as the datasheet counts them
+# (a ring sends one way, so it can use half). Source: NVIDIA H100 Tensor Core GPU datasheet (2022).
+PUBLISHED_LINKS = {
+    "NVLink 4 (H100 SXM)": 900e9,
+    "PCIe Gen5 (H100 PCIe)": 128e9,
+}
 
 PHASES = ("forward", "backward")
 
@@ -31,9 +38,10 @@ def nbytes(x: torch.Tensor) -> int:
 class StepRecord:
     """One step of a ring (or one all-to-all): its phase, index, bytes sent and seconds spent.
 
-    ``compute_s`` is the time of the attention arithmetic of the step, ``wait_s`` the time spent
-    waiting for the transfers posted before it (what the overlap did not hide), ``pairs`` the
-    visible (batch row, query, key) triples the step computed (0 for a skipped block)."""
+    ``compute_s`` is the wall-clock time of the attention arithmetic of the step and ``compute_cpu_s``
+    the CPU time of the thread that did it (unaffected by other processes taking the core), ``wait_s``
+    the time spent waiting for the transfers posted before it (what the overlap did not hide), ``pairs``
+    the visible (batch row, query, key) triples the step computed (0 for a skipped block)."""
 
     phase: str
     step: int
@@ -41,6 +49,7 @@ class StepRecord:
     compute_s: float = 0.0
     wait_s: float = 0.0
     pairs: int = 0
+    compute_cpu_s: float = 0.0
 
 
 @dataclass

@@ -6,7 +6,9 @@ queries to it (one :func:`~selfattn.inference.split_kv.partial_attention`) and m
 its running result with chapter 11's :func:`~selfattn.inference.split_kv.merge_partials`, the online
 softmax of chapter 10. The send of the block to rank r + 1 and the receive of the next from rank r - 1
 are posted (``dist.batch_isend_irecv``) *before* the step's arithmetic, so that transfer and compute
-overlap. After P steps every query has met every key: :func:`~selfattn.inference.split_kv.finalize`
+overlap. Under a causal mask a block that no query may see is skipped, and of the others only the
+query rows and key columns with work are computed (with the zigzag layout, half of every block but
+the rank's own). After P steps every query has met every key: :func:`~selfattn.inference.split_kv.finalize`
 gives exact attention and its log-sum-exp (Liu, Zaharia and Abbeel 2023, "Ring Attention with
 Blockwise Transformers for Near-Infinite Context").
 
@@ -50,15 +52,41 @@ def ring_bytes_formula(B: int, H: int, T: int, Dh: int, P: int, element_size: in
     return {"forward": (P - 1) * (2 * block + mask), "backward": (P - 1) * (2 * block + mask) + P * 2 * block}
 
 
-def _keep(q_pos, k_pos, mask_block, causal):
-    """Boolean keep-mask (B or 1, 1, n, n) of this rank's queries against one key block, or None."""
-    keep = None
+def _visible_block(q_pos, k_pos, mask_block, causal):
+    """Which part of one (query shard, key block) pair to compute: ``(rows, cols, keep)``.
+
+    Under a causal mask only the query rows that see some key and the key columns that some query
+    sees are computed (``rows``, ``cols``: index tensors, or None for all): for the zigzag layout that
+    is exactly half of every block but the diagonal, so no time goes into pairs that are all hidden.
+    ``keep``: the boolean keep-mask (B or 1, 1, rows, cols) of that part, or None (all visible).
+    ``rows`` of length 0: nothing to compute.
+    """
+    rows = cols = keep = None
     if causal:
-        keep = (q_pos[:, None] >= k_pos[None, :])[None, None]  # (1, 1, n, n): i sees j iff pos_i >= pos_j
+        seen = q_pos[:, None] >= k_pos[None, :]  # (n, n): i sees j iff pos_i >= pos_j
+        rows, cols = seen.any(dim=1).nonzero().squeeze(1), seen.any(dim=0).nonzero().squeeze(1)
+        seen = seen[rows][:, cols]  # (rows, cols): the part that has work
+        if rows.numel() == len(q_pos) and cols.numel() == len(k_pos):
+            rows = cols = None  # the whole block: no copies
+        keep = None if bool(seen.all()) else seen[None, None]  # (1, 1, rows, cols)
     if mask_block is not None:
-        pad = mask_block[:, None, None, :]  # (B, n) -> (B, 1, 1, n): a padded key is seen by no query
+        pad = (mask_block if cols is None else mask_block[:, cols])[:, None, None, :]  # (B, cols) -> (B, 1, 1, cols)
         keep = pad if keep is None else keep & pad
-    return keep
+    return rows, cols, keep
+
+
+def _rows(x, rows):
+    return x if rows is None else x.index_select(2, rows)  # (B, H, n, Dh) -> (B, H, rows, Dh)
+
+
+def _scatter_rows(part: Partial, rows, n) -> Partial:
+    """A partial of some query rows, as one of all n rows (the others empty: m = -inf, l = 0, acc = 0)."""
+    if rows is None:
+        return part
+    B, H, _, Dh = part.acc.shape
+    m = part.m.new_full((B, H, n), -math.inf).index_copy(2, rows, part.m)
+    l = part.l.new_zeros((B, H, n)).index_copy(2, rows, part.l)  # noqa: E741
+    return Partial(m, l, part.acc.new_zeros((B, H, n, Dh)).index_copy(2, rows, part.acc))
 
 
 def _ring_forward(q, k, v, kpm, causal, layout, scale, group, traffic):
@@ -74,19 +102,22 @@ def _ring_forward(q, k, v, kpm, causal, layout, scale, group, traffic):
         if t < P - 1:  # post the next block's transfer first, then compute on this one
             incoming = [torch.empty_like(x) for x in block]
             reqs = post_ring_exchange(block, incoming, nxt, prv, group, traffic, "forward")
-        t0 = time.perf_counter()
-        keep = _keep(q_pos, shard_positions(n * P, P, layout, src).to(q.device),
-                     block[2] if kpm is not None else None, causal)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        rows, cols, keep = _visible_block(q_pos, shard_positions(n * P, P, layout, src).to(q.device),
+                                          block[2] if kpm is not None else None, causal)
         pairs = 0
-        if keep is None or bool(keep.any()):  # a block no query may see is skipped, not computed
-            pairs = q.shape[0] * n * n if keep is None else int(keep.expand(q.shape[0], 1, n, n).sum())
-            part = partial_attention(q, block[0], block[1], scale=scale, mask=keep)  # m, l (B, H, n); acc (B, H, n, Dh)
+        if (rows is None or rows.numel()) and (keep is None or bool(keep.any())):  # else skipped, not computed
+            q_b, k_b, v_b = _rows(q, rows), _rows(block[0], cols), _rows(block[1], cols)  # the part with work
+            pairs = q.shape[0] * q_b.shape[2] * k_b.shape[2] if keep is None else int(
+                keep.expand(q.shape[0], 1, q_b.shape[2], k_b.shape[2]).sum())
+            part = partial_attention(q_b, k_b, v_b, scale=scale, mask=keep)  # m, l (B, H, rows); acc (B, H, rows, Dh)
+            part = _scatter_rows(part, rows, n)  # (B, H, n, ...): rows without work stay empty
             running = part if running is None else merge_partials(running, part)
-        compute_s = time.perf_counter() - t0
+        compute_s, compute_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
         wait_s = wait_all(reqs)
         if traffic is not None:
             traffic.steps.append(StepRecord("forward", t, sum(x.numel() * x.element_size() for x in block)
-                                            if t < P - 1 else 0, compute_s, wait_s, pairs))
+                                            if t < P - 1 else 0, compute_s, wait_s, pairs, compute_cpu_s))
         block = incoming
     if running is None:  # every key hidden from every query: zero rows, lse = -inf
         running = Partial(torch.full(q.shape[:-1], -math.inf, dtype=q.dtype, device=q.device),
@@ -95,7 +126,7 @@ def _ring_forward(q, k, v, kpm, causal, layout, scale, group, traffic):
 
 
 def _block_grads(q, k, v, dout, lse, delta, keep, scale):
-    """Dao (2023) Algorithm 2 for one (query shard, key block) pair: (dq, dk, dv) contributions."""
+    """Dao (2023) Algorithm 2 for one (query rows, key columns) part of a block: (dq, dk, dv) contributions."""
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, n, Dh) @ (B, H, Dh, n) -> (B, H, n, n)
     lse_safe = torch.where(torch.isfinite(lse), lse, 0.0)[..., None]  # a row that saw nothing: weights 0
     weights = torch.exp(scores - lse_safe)  # P = exp(S - L), recomputed, never stored
@@ -124,15 +155,18 @@ def _ring_backward(dout, q, k, v, kpm, out, lse, causal, layout, scale, group, t
         if t < P - 1:  # keys and values of the next block: posted before this step's arithmetic
             incoming = [torch.empty_like(x) for x in block]
             reqs = post_ring_exchange(block, incoming, nxt, prv, group, traffic, "backward")
-        t0 = time.perf_counter()
-        keep = _keep(q_pos, shard_positions(n * P, P, layout, src).to(q.device),
-                     block[2] if kpm is not None else None, causal)
-        if keep is None or bool(keep.any()):
-            dq_part, dk_loc, dv_loc = _block_grads(q, block[0], block[1], dout, lse, delta, keep, scale)
-            dq = dq + dq_part
-        else:  # skipped in the forward pass, skipped here: it contributes nothing
-            dk_loc, dv_loc = torch.zeros_like(k), torch.zeros_like(v)
-        compute_s = time.perf_counter() - t0
+        t0, c0 = time.perf_counter(), time.thread_time()
+        rows, cols, keep = _visible_block(q_pos, shard_positions(n * P, P, layout, src).to(q.device),
+                                          block[2] if kpm is not None else None, causal)
+        dk_loc, dv_loc = torch.zeros_like(k), torch.zeros_like(v)  # a skipped block contributes nothing
+        if (rows is None or rows.numel()) and (keep is None or bool(keep.any())):  # as in the forward pass
+            dq_b, dk_b, dv_b = _block_grads(_rows(q, rows), _rows(block[0], cols), _rows(block[1], cols),
+                                            _rows(dout, rows), lse if rows is None else lse[:, :, rows],
+                                            delta if rows is None else delta[:, :, rows], keep, scale)
+            dq = dq + dq_b if rows is None else dq.index_add(2, rows, dq_b)  # (B, H, rows, Dh) into (B, H, n, Dh)
+            dk_loc = dk_b if cols is None else dk_loc.index_copy(2, cols, dk_b)
+            dv_loc = dv_b if cols is None else dv_loc.index_copy(2, cols, dv_b)
+        compute_s, compute_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
         wait_s = wait_all(acc_reqs)  # this block's dK, dV from the ranks it visited before
         acc = [dk_loc, dv_loc] if acc_in is None else [acc_in[0] + dk_loc, acc_in[1] + dv_loc]
         sent = sum(x.numel() * x.element_size() for x in block) if t < P - 1 else 0
@@ -142,7 +176,7 @@ def _ring_backward(dout, q, k, v, kpm, out, lse, causal, layout, scale, group, t
             sent += sum(x.numel() * x.element_size() for x in acc)
         wait_s += wait_all(reqs)
         if traffic is not None:
-            traffic.steps.append(StepRecord("backward", t, sent, compute_s, wait_s))
+            traffic.steps.append(StepRecord("backward", t, sent, compute_s, wait_s, compute_cpu_s=compute_cpu_s))
         block = incoming
     if P == 1:
         return dq, acc[0], acc[1]

@@ -74,7 +74,8 @@ def _grid(T, P, layout, causal, t):
     hover = [[(f"rank {r}'s queries, K/V block from rank {s}: not reached yet" if np.isnan(z[r, s]) else
                f"rank {r}'s queries, K/V block from rank {s}: {STATES[int(z[r, s])]}, {pairs[r][s]} visible pairs")
               for s in range(P)] for r in range(P)]
-    return go.Heatmap(z=z.tolist(), x=[f"block {s}" for s in range(P)],
+    cells = [[None if np.isnan(x) else float(x) for x in row] for row in z]  # None, not NaN: JSON has no NaN
+    return go.Heatmap(z=cells, x=[f"block {s}" for s in range(P)],
                       y=[f"rank {r}: {_positions_label(T, P, layout, r)}" for r in range(P)], text=text,
                       texttemplate="%{text}", customdata=hover, hovertemplate="%{customdata}<extra></extra>",
                       zmin=0, zmax=len(STATES), colorscale=_colourscale(), showscale=False, xgap=3, ygap=3)
