@@ -14,14 +14,24 @@ import torch
 
 import selfattn
 from selfattn.distributed import run_distributed, unshard_sequence
-from selfattn.distributed.workers import attention_cases, bad_input_messages, make_inputs
+from selfattn.distributed.workers import (
+    attention_cases,
+    bad_input_messages,
+    make_inputs,
+    subgroup_ring,
+)
 
 H, DH = 4, 8
 
 
+SUBGROUP_CASE = {"layout": "zigzag", "causal": True, "padding": True, "B": 2, "H": 6, "T": 24, "Dh": 8, "seed": 5}
+
+
 def cases_and_errors(rank, world_size, cases):
-    """One spawn for all: the cases, the error messages, and the rank (results must come back in rank order)."""
-    return attention_cases(rank, world_size, cases), bad_input_messages(rank, world_size), rank
+    """One spawn for all: the cases, the error messages, the rank (results must come back in rank order)
+    and, with 4 processes, ring and all-to-all attention inside the subgroup of ranks 1-3."""
+    sub = subgroup_ring(rank, world_size, SUBGROUP_CASE) if world_size == 4 else None
+    return attention_cases(rank, world_size, cases), bad_input_messages(rank, world_size), rank, sub
 
 
 def _cases(T, combos):
@@ -113,6 +123,16 @@ def test_bad_shards_get_clear_errors_and_results_come_back_in_rank_order(results
         assert messages["ulysses heads"].startswith("ValueError") and "H must be divisible by P; got H=3" in messages["ulysses heads"]
         assert "layout must be one of" in messages["bad layout"]
         assert "key_padding_mask must have shape (B, T/P) = (1, 3)" in messages["mask shape"]
+
+
+def test_a_subgroup_addresses_its_neighbours_by_group_rank(results):
+    """Ranks 1-3 of 4 form a group of 3: group rank r is global rank r + 1."""
+    assert results[4][0][3] == {}  # rank 0 is not in the group
+    want = _reference(SUBGROUP_CASE)
+    for method in ("ring", "ulysses"):
+        for name in ("out", "dq", "dk", "dv"):
+            got = unshard_sequence([results[4][r][3][method][name] for r in (1, 2, 3)], "zigzag")
+            torch.testing.assert_close(got, want[name], rtol=0, atol=1e-12, msg=lambda m, n=name, a=method: f"{a} {n}: {m}")
 
 
 def test_outside_a_process_group_the_error_says_how_to_start_one():

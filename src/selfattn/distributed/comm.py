@@ -75,8 +75,10 @@ def _add(traffic, phase, n):
 
 def post_ring_exchange(send, recv, dst: int, src: int, group, traffic, phase: str):
     """Post, without waiting, the sends of ``send`` to rank ``dst`` and the receives into ``recv``
-    from rank ``src`` (``dist.batch_isend_irecv``); return the requests. Counts the bytes sent."""
-    ops = [dist.P2POp(dist.isend, x, dst, group) for x in send] + [dist.P2POp(dist.irecv, y, src, group) for y in recv]
+    from rank ``src`` (``dist.batch_isend_irecv``; ranks within ``group``); return the requests.
+    Counts the bytes sent."""
+    ops = ([dist.P2POp(dist.isend, x, group=group, group_peer=dst) for x in send]
+           + [dist.P2POp(dist.irecv, y, group=group, group_peer=src) for y in recv])
     _add(traffic, phase, sum(nbytes(x) for x in send))
     return dist.batch_isend_irecv(ops) if ops else []
 

@@ -21,7 +21,7 @@ from .ring import ring_attention
 from .ulysses import ulysses_attention
 
 __all__ = ["make_inputs", "attention_cases", "die_after_first_ring", "time_ring_and_ulysses", "bad_input_messages",
-           "chapter_run"]
+           "chapter_run", "subgroup_ring"]
 
 METHODS = {"ring": ring_attention, "ulysses": ulysses_attention}
 
@@ -129,3 +129,22 @@ def chapter_run(rank: int, world_size: int, cases: list, timing_case: dict, repe
     return {"rank": rank, "cases": attention_cases(rank, world_size, cases),
             "errors": bad_input_messages(rank, world_size),
             "timing": time_ring_and_ulysses(rank, world_size, timing_case, repeats)}
+
+
+def subgroup_ring(rank: int, world_size: int, case: dict) -> dict:
+    """Ring and all-to-all attention inside a subgroup of the world (ranks 1, 2, ... only), so that
+    group ranks and global ranks differ: the ring must address its neighbours by group rank."""
+    members = list(range(1, world_size))
+    group = torch.distributed.new_group(members)  # every rank must take part in creating it
+    if rank not in members:
+        return {}
+    r, P = members.index(rank), len(members)
+    q0, k0, v0, dout0, kpm0 = make_inputs(case)
+    out = {}
+    for method in ("ring", "ulysses"):
+        q, k, v = (shard_sequence(x, P, case["layout"], r).requires_grad_() for x in (q0, k0, v0))
+        kpm = None if kpm0 is None else shard_sequence(kpm0, P, case["layout"], r, dim=-1)
+        o = METHODS[method](q, k, v, key_padding_mask=kpm, causal=case["causal"], layout=case["layout"], group=group)
+        o.backward(shard_sequence(dout0, P, case["layout"], r))
+        out[method] = {"out": o.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    return out
