@@ -43,7 +43,8 @@ ALL = list(itertools.product(("ring", "ulysses"), ("contiguous", "zigzag"), (Fal
 FOUR = [("ring", "contiguous", True, False), ("ring", "zigzag", True, False), ("ring", "contiguous", True, True),
         ("ring", "zigzag", True, True), ("ring", "zigzag", False, True), ("ulysses", "zigzag", True, True),
         ("ulysses", "contiguous", False, True), ("ulysses", "contiguous", True, False)]
-RUNS = {2: _cases(16, ALL), 4: _cases(32, FOUR)}
+FLOAT32 = [dict(c, dtype=torch.float32) for c in _cases(16, [("ring", "zigzag", True, True), ("ulysses", "zigzag", True, True)])]
+RUNS = {2: _cases(16, ALL) + FLOAT32, 4: _cases(32, FOUR)}
 
 
 @pytest.fixture(scope="module")
@@ -66,17 +67,19 @@ def _reference(case):
 
 def _ids():
     return [f"P{P}-" + "-".join(str(c[k]) for k in ("method", "layout", "causal", "padding"))
-            for P in (2, 4) for c in RUNS[P]]
+            + ("-float32" if "dtype" in c else "") for P in (2, 4) for c in RUNS[P]]
 
 
 @pytest.mark.parametrize("P, index", [(P, i) for P in (2, 4) for i in range(len(RUNS[P]))], ids=_ids())
 def test_output_and_gradients_equal_single_process_attention(results, P, index):
     case = RUNS[P][index]
-    want = _reference(case)
+    want = _reference(dict(case, dtype=torch.float64))  # float32 cases: against float64, to float32 rounding
+    dtype = case.get("dtype", torch.float64)
     for name in ("out", "dq", "dk", "dv"):
         got = unshard_sequence([results[P][r][0][index][name] for r in range(P)], case["layout"])
-        assert got.dtype == torch.float64 and torch.isfinite(got).all()
-        torch.testing.assert_close(got, want[name], rtol=0, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}")
+        assert got.dtype == dtype and torch.isfinite(got).all()
+        atol = 1e-12 if dtype == torch.float64 else 1e-5
+        torch.testing.assert_close(got.double(), want[name], rtol=0, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
     if case["padding"] and case["causal"]:  # query 0 sees only key 0, which is padding: a zero row, zero dq
         got = unshard_sequence([results[P][r][0][index]["out"] for r in range(P)], case["layout"])
         assert torch.equal(got[:, :, 0], torch.zeros_like(got[:, :, 0])) and torch.equal(got[1], torch.zeros_like(got[1]))
@@ -85,7 +88,7 @@ def test_output_and_gradients_equal_single_process_attention(results, P, index):
 @pytest.mark.parametrize("P, index", [(P, i) for P in (2, 4) for i in range(len(RUNS[P]))], ids=_ids())
 def test_bytes_sent_per_rank_equal_the_formula(results, P, index):
     case = RUNS[P][index]
-    B, T, e = case["B"], case["T"], 8  # float64
+    B, T, e = case["B"], case["T"], case.get("dtype", torch.float64).itemsize
     n = T // P
     block = B * H * n * DH * e  # one of K, V, dK, dV on one rank
     mask = B * n if case["padding"] else 0  # one byte per position of the key-padding shard

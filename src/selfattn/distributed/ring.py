@@ -122,7 +122,8 @@ def _ring_forward(q, k, v, kpm, causal, layout, scale, group, traffic):
     if running is None:  # every key hidden from every query: zero rows, lse = -inf
         running = Partial(torch.full(q.shape[:-1], -math.inf, dtype=q.dtype, device=q.device),
                           q.new_zeros(q.shape[:-1]), torch.zeros_like(q))
-    return finalize(running)  # context (B, H, n, Dh), lse (B, H, n)
+    context, lse = finalize(running)  # context (B, H, n, Dh), lse (B, H, n); float32 for half inputs
+    return context.to(q.dtype), lse
 
 
 def _block_grads(q, k, v, dout, lse, delta, keep, scale):
