@@ -23,8 +23,9 @@ chapter                                     modules
 10 FlashAttention                           ``efficient.tiled``, ``efficient.triton_kernel``, ``ref.online``
 11 inference                                ``inference`` (``costs``, ``paged``, ``split_kv``, ``streaming``,
                                            ``convert``, ``decode_timing``), ``gqa``, ``sampling``
-12 attention explanations                   ``interpret``
-13 capstone GPT                             ``models.gpt``, ``efficient.kv_cache``, ``checkpoint``
+12 attention across devices                 ``distributed`` (``ring``, ``ulysses``, ``layout``, ``launch``)
+13 attention explanations                   ``interpret``
+14 capstone GPT                             ``models.gpt``, ``efficient.kv_cache``, ``checkpoint``
 ==========================================  ==========================================================
 
 Every chapter also has ``viz.<topic>`` (figures and explorers) and ``exercises.chNN`` (the checks).
