@@ -155,12 +155,9 @@ class _StructuralBias:
     def __init__(self, vis: Visibility, dtype: torch.dtype, device):
         self.vis, self.dtype, self.device, self.cache = vis, dtype, device, {}
 
-    def hide_(self, s, i0: int, j0: int):
-        """Set the hidden scores of tile ``s`` (BH, bq, bk), starting at row i0 and column j0, to
-        ``-inf`` in place: ``tril_``/``triu_`` write zeros (so a NaN stored there goes too), then the
-        cached bias adds ``-inf``; several times faster on a CPU than a broadcast ``masked_fill_``."""
+    def bias(self, i0: int, j0: int, rows: int, cols: int) -> torch.Tensor:
+        """The (rows, cols) additive mask of the tile starting at row i0 and column j0 (cached)."""
         lo, hi = self.vis.band(i0, j0)
-        rows, cols = s.shape[-2:]
         bias = self.cache.get((lo, hi, rows, cols))
         if bias is None:
             keep = torch.ones(rows, cols, dtype=torch.bool, device=self.device)
@@ -170,11 +167,27 @@ class _StructuralBias:
                 keep.triu_(lo)
             bias = torch.zeros(rows, cols, dtype=self.dtype, device=self.device).masked_fill_(~keep, -math.inf)
             self.cache[(lo, hi, rows, cols)] = bias
+        return bias
+
+    def hide_(self, s, i0: int, j0: int):
+        """Set the hidden scores of tile ``s`` (BH, bq, bk), starting at row i0 and column j0, to
+        ``-inf`` in place: ``tril_``/``triu_`` write zeros (so a NaN stored there goes too), then the
+        cached bias adds ``-inf``; several times faster on a CPU than a broadcast ``masked_fill_``."""
+        lo, hi = self.vis.band(i0, j0)
+        bias = self.bias(i0, j0, *s.shape[-2:])
         if hi is not None:
             s.tril_(hi)
         if lo is not None:
             s.triu_(lo)
         return s.add_(bias)
+
+    def scores(self, q_t, k_t, i0: int, j0: int, out):
+        """The masked scores of a partially visible tile in one pass, ``bias + q_t @ k_t^T``
+        (``baddbmm`` adds the cached mask as the product's initial value): for finite q and k only
+        (a NaN stored at a hidden key would give ``NaN + -inf = NaN``); the visible scores are those
+        of ``bmm`` bit for bit (``0 + x = x``)."""
+        bias = self.bias(i0, j0, q_t.shape[-2], k_t.shape[-2])
+        return torch.baddbmm(bias.expand(out.shape), q_t, k_t.transpose(1, 2), out=out)
 
 
 def _to_base2(b: torch.Tensor) -> torch.Tensor:
@@ -316,6 +329,10 @@ def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, b
     # the exact slow path, which is still right).
     finite_v = bool(torch.isfinite(v.sum()))
     structural = _StructuralBias(vis, work, dev) if vis.mask is None else None
+    # a causal/window tile that is partly visible is masked inside its matrix product (one pass less)
+    # when q and k are finite; else by tril_/triu_, which also removes a NaN stored at a hidden key
+    fused_mask = (structural is not None and vis.mask is None
+                  and bool(torch.isfinite(q.sum()) & torch.isfinite(k.sum())))
     # The query block and its accumulator live in buffers reused by every block, so that the memory
     # beyond the output is the same at every length (a fresh block's tensors would otherwise be
     # allocated while the previous block's are still alive).
@@ -325,9 +342,8 @@ def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, b
         n = i1 - i0
         # the scaled queries, float32 for half inputs; the backward recomputes them the same way
         q_t = q_buffer[: BH * n * Dh].view(BH, n, Dh).copy_(q3[:, i0:i1]).mul_(scale * _LOG2E)
-        m = torch.full((BH, n), -math.inf, dtype=work, device=dev)  # running max (BH, bq), base 2
-        l = torch.zeros((BH, n), dtype=work, device=dev)  # running sum of exp2(s - m)
-        acc = acc_buffer[: BH * n * Dv].view(BH, n, Dv).zero_()  # (BH, bq, Dv)
+        m = l = None  # running max (BH, bq), base 2, and running sum of exp2(s - m): from the first tile
+        acc = acc_buffer[: BH * n * Dv].view(BH, n, Dv)  # (BH, bq, Dv), written by the first tile
         for j0, j1 in key_tiles:
             j0, j1 = vis.key_span(i0, i1, j0, j1)  # only keys some query of the tile may see
             if j0 >= j1:
@@ -343,29 +359,47 @@ def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, b
                 k_t, v_t = _zero_unseen(k_t, v_t, keep)
             k_t, v_t = k_t.reshape(BH, j1 - j0, Dh), v_t.reshape(BH, j1 - j0, Dv)  # (..., bk, D) -> (BH, bk, D)
             s = tile_buffer[: BH * (i1 - i0) * (j1 - j0)].view(BH, i1 - i0, j1 - j0)
-            torch.bmm(q_t, k_t.transpose(1, 2), out=s)  # (BH, bq, Dh) @ (BH, Dh, bk) -> (BH, bq, bk)
-            if bias is not None:  # before the hiding, so that a NaN stored in the bias at a hidden pair goes too
-                _add_bias_(s.view(*lead, *s.shape[-2:]), bias.tile(i0, i1, j0, j1, check_grad=True))
-            if keep is None:
-                structural.hide_(s, i0, j0)
-            elif keep is not True:
-                s.view(*lead, *s.shape[-2:]).masked_fill_(~keep, -math.inf)
-            m_new = torch.maximum(m, s.amax(dim=-1))
+            if keep is None and fused_mask and bias is None:
+                structural.scores(q_t, k_t, i0, j0, s)  # the product with the mask added
+            else:
+                torch.bmm(q_t, k_t.transpose(1, 2), out=s)  # (BH, bq, Dh) @ (BH, Dh, bk) -> (BH, bq, bk)
+                if bias is not None:  # before the hiding, so that a NaN stored in the bias at a hidden pair goes too
+                    _add_bias_(s.view(*lead, *s.shape[-2:]), bias.tile(i0, i1, j0, j1, check_grad=True))
+                if keep is None:
+                    structural.hide_(s, i0, j0)
+                elif keep is not True:
+                    s.view(*lead, *s.shape[-2:]).masked_fill_(~keep, -math.inf)
+            tile_max = s.amax(dim=-1)
+            m_new = tile_max if m is None else torch.maximum(m, tile_max)
             # A row that has seen only masked entries keeps m = -inf: shift by 0 so that
             # exp(-inf - -inf) = NaN never happens; exp(-inf - 0) = 0 adds nothing. A bias of -inf can
             # hide a whole row of a tile that the mask shows, so with a bias the guard is always on.
             shift = m_new if (keep is True and bias is None) else torch.where(m_new == -math.inf, 0.0, m_new)
             p = torch.exp2(s.sub_(shift[..., None]), out=s)  # in place: the one tile buffer
-            correction = torch.exp2(m - shift)  # (BH, bq): rescales what was summed under the old max
-            l.mul_(correction).add_(p.sum(dim=-1))
-            acc.mul_(correction[..., None])
-            if finite_v or keep is True:
-                acc.baddbmm_(p, v_t)  # += (BH, bq, bk) @ (BH, bk, Dv) -> (BH, bq, Dv)
+            exact_v = finite_v or keep is True
+            if not exact_v and keep is None:  # the structural keep-mask of this tile, for the exact slow path
+                keep = torch.isfinite(structural.cache[(*vis.band(i0, j0), i1 - i0, j1 - j0)])
+            if m is None:  # the first tile: nothing summed yet, no rescaling (acc is written, not added to)
+                l = p.sum(dim=-1)
+                if exact_v:
+                    torch.bmm(p, v_t, out=acc)  # (BH, bq, bk) @ (BH, bk, Dv) -> (BH, bq, Dv)
+                else:
+                    acc.copy_(_seen_matmul(p, v_t, _flat_keep(keep, lead, p.shape)))
             else:
-                if keep is None:  # the structural keep-mask of this tile, for the exact slow path
-                    keep = torch.isfinite(structural.cache[(*vis.band(i0, j0), i1 - i0, j1 - j0)])
-                acc.add_(_seen_matmul(p, v_t, _flat_keep(keep, lead, p.shape)))  # slower, exact for non-finite v
+                if not torch.equal(m_new, m):  # a row's maximum rose: rescale what was summed under the old one
+                    correction = torch.exp2(m - shift)  # (BH, bq)
+                    l.mul_(correction)
+                    acc.mul_(correction[..., None])
+                l.add_(p.sum(dim=-1))
+                if exact_v:
+                    acc.baddbmm_(p, v_t)  # += (BH, bq, bk) @ (BH, bk, Dv) -> (BH, bq, Dv)
+                else:  # slower, exact for non-finite v
+                    acc.add_(_seen_matmul(p, v_t, _flat_keep(keep, lead, p.shape)))
             m = m_new
+        if m is None:  # no key tile visible to this block at all
+            m = torch.full((BH, n), -math.inf, dtype=work, device=dev)
+            l = torch.zeros((BH, n), dtype=work, device=dev)
+            acc.zero_()
         seen = l != 0  # not `l > 0`: a NaN score (a visible NaN key) must give NaN, not a zero row
         if bool(seen.all()):  # the usual case: every query of the block saw a key
             out[:, i0:i1] = acc.div_(l[..., None])
