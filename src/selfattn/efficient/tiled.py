@@ -449,6 +449,10 @@ def tiled_backward_torch(q, k, v, out, lse2, d_out, vis: Visibility, scale: floa
     dq = torch.zeros(BH, T, Dh, dtype=work, device=dev)
     dk = torch.zeros(BH, S, Dh, dtype=work, device=dev)
     dv = torch.zeros(BH, S, Dv, dtype=work, device=dev)
+    if (vis.mask is None and bias is None and finite_qk and q.numel() and k.numel() and v.numel()
+            and bool(torch.isfinite(v.sum()) & torch.isfinite(d_out.sum()))):
+        _backward_fast(q3, k, v, do3, delta, m_safe, log2_l_safe, vis, scale, block_q, block_k, dq, dk, dv)
+        return _backward_result(q, k, v, dq, dk, dv)
     for tile_j0, tile_j1 in _tiles(S, block_k):
         for i0, i1 in _tiles(T, block_q):
             j0, j1 = vis.key_span(i0, i1, tile_j0, tile_j1)  # the forward's key span of this tile
@@ -481,9 +485,54 @@ def tiled_backward_torch(q, k, v, out, lse2, d_out, vis: Visibility, scale: floa
                 flat = _flat_keep(keep, lead, ds.shape)
                 dq[:, i0:i1] += _seen_matmul(ds, k_t, flat) * scale
                 dk[:, j0:j1] += _seen_matmul(ds.transpose(1, 2), q_t, flat.transpose(1, 2))
-    dk.mul_(_LN2)  # the sums above used q * scale * log2 e: one pass over dk instead of one per tile
+    return _backward_result(q, k, v, dq, dk, dv)
+
+
+def _backward_result(q, k, v, dq, dk, dv):
+    """The gradients in the shapes and dtypes of the inputs."""
+    dk.mul_(_LN2)  # the sums used q * scale * log2 e: one pass over dk instead of one per tile
     return (dq.view(q.shape).to(q.dtype), dk.view(k.shape).to(k.dtype),  # (BH, T, D) -> (..., T, D)
             dv.view(v.shape).to(v.dtype))
+
+
+def _backward_fast(q3, k, v, do3, delta, m_safe, log2_l_safe, vis: Visibility, scale: float,
+                   block_q: int, block_k: int, dq, dk, dv):
+    """The loop of :func:`tiled_backward_torch` when nothing can hide a non-finite value (no mask
+    tensor, no bias, finite q, k, v and dO): a hidden pair then has ``P = 0`` and ``dS = 0`` exactly,
+    so no tile needs the masked products. The two (BH, bq, bk) tiles (scores/weights/dS and dP) and the
+    scaled query block live in buffers reused by every tile; the products accumulate in place
+    (``baddbmm_``) into dq, dk, dv; a partly visible causal/window tile gets its mask inside the
+    score product, as in the forward. Same arithmetic as the general loop, up to the rounding of
+    ``scale`` applied inside the dQ product."""
+    BH, T, Dh = q3.shape
+    S, Dv, work, dev = k.shape[-2], v.shape[-1], dq.dtype, dq.device
+    k3, v3 = k.reshape(BH, S, Dh), v.reshape(BH, S, Dv)  # (..., S, D) -> (BH, S, D)
+    structural = _StructuralBias(vis, work, dev)
+    bq, bk = min(block_q, T), min(block_k, S)
+    s_buffer = torch.empty(BH * bq * bk, dtype=work, device=dev)
+    dp_buffer = torch.empty(BH * bq * bk, dtype=work, device=dev)
+    q_buffer = torch.empty(BH * bq * Dh, dtype=work, device=dev)
+    for tile_j0, tile_j1 in _tiles(S, block_k):
+        for i0, i1 in _tiles(T, block_q):
+            j0, j1 = vis.key_span(i0, i1, tile_j0, tile_j1)  # the forward's key span of this tile
+            keep = vis.structural(i0, i1, j0, j1) if j0 < j1 else False
+            if keep is False:
+                continue
+            n, w = i1 - i0, j1 - j0
+            k_t, v_t = k3[:, j0:j1].to(work), v3[:, j0:j1].to(work)  # (BH, bk, D)
+            q_t = q_buffer[: BH * n * Dh].view(BH, n, Dh).copy_(q3[:, i0:i1]).mul_(scale * _LOG2E)  # as the forward's
+            do_t = do3[:, i0:i1].to(work)  # (BH, bq, Dv)
+            s = s_buffer[: BH * n * w].view(BH, n, w)
+            if keep is None:
+                structural.scores(q_t, k_t, i0, j0, s)
+            else:
+                torch.bmm(q_t, k_t.transpose(1, 2), out=s)  # (BH, bq, Dh) @ (BH, Dh, bk) -> (BH, bq, bk)
+            p = torch.exp2(s.sub_(m_safe[:, i0:i1, None]).sub_(log2_l_safe[:, i0:i1, None]), out=s)
+            dv[:, j0:j1].baddbmm_(p.transpose(1, 2), do_t)  # += (BH, bk, bq) @ (BH, bq, Dv)
+            dp = torch.bmm(do_t, v_t.transpose(1, 2), out=dp_buffer[: BH * n * w].view(BH, n, w))
+            ds = p.mul_(dp.sub_(delta[:, i0:i1, None]))  # dS = P * (dP - delta), in p's buffer
+            dq[:, i0:i1].baddbmm_(ds, k_t, alpha=scale)  # += (BH, bq, bk) @ (BH, bk, Dh) * scale
+            dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), q_t)  # += (BH, bk, bq) @ (BH, bq, Dh); q_t holds scale log2 e
 
 
 def pick_forward(q: torch.Tensor, vis: Visibility):
