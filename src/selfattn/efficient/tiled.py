@@ -33,13 +33,20 @@ from .._validate import (
 )
 from ..attention import _seen_matmul
 
-__all__ = ["Visibility", "tiled_attention", "pick_forward", "DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_K"]
+__all__ = ["Visibility", "tiled_attention", "pick_forward", "DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_K",
+           "WINDOW_BLOCK_Q", "WINDOW_BLOCK_K"]
 
 # Large enough that the Python loop and the per-tile elementwise passes cost little next to the matrix
 # products on a CPU (measured by bench/attention_bench.py), small enough that the one (H, block_q,
 # block_k) float32 tile alive at a time (8 x 512 x 512 x 4 B = 8 MiB) stays below the output at long T.
 DEFAULT_BLOCK_Q = 512
 DEFAULT_BLOCK_K = 512
+# A sliding window's tiles: short query blocks, so that the band each one reads (block_q + window - 1
+# keys, trimmed by Visibility.key_span) is little more than the window, and key blocks long enough
+# that the band is one tile, not two cut at a block boundary (the buffers are sized by the band, not
+# by block_k). Measured by bench/attention_bench.py (w=256, T=8192).
+WINDOW_BLOCK_Q = 128
+WINDOW_BLOCK_K = 1 << 16
 _HALF = (torch.float16, torch.bfloat16)
 # Scores are kept in base 2 (s log2 e: the queries are scaled by scale * log2 e) so that the tiles use exp2,
 # 2-3 times faster than exp on CPUs (FlashAttention does the same on GPUs), with no extra pass over a tile.
@@ -86,6 +93,15 @@ class Visibility:
                 return False
             return True if (last_k - first_q < self.window and last_q - first_k < self.window) else None
         return True
+
+    def max_keys(self, block_q: int, block_k: int, S: int) -> int:
+        """The most key columns of any visited tile: ``block_k`` (at most S), or the band of one
+        query block under a sliding window if that is narrower (what the tile buffers are sized by)."""
+        cols = min(block_k, S)
+        if self.window is not None:
+            band = block_q + self.window - 1 if self.causal_offset is not None else block_q + 2 * self.window - 2
+            cols = min(cols, band)
+        return max(cols, 0)
 
     def key_span(self, i0: int, i1: int, j0: int, j1: int) -> tuple[int, int]:
         """The part of key columns [j0, j1) that the causal/window structure lets some query of rows
@@ -322,7 +338,7 @@ def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, b
     out = torch.empty(BH, T, Dv, dtype=q.dtype, device=dev)
     row_max = torch.empty(BH, T, dtype=work, device=dev)
     log2_sum = torch.empty(BH, T, dtype=work, device=dev)
-    tile_buffer = torch.empty(BH * min(block_q, T) * min(block_k, S), dtype=work, device=dev)  # reused
+    tile_buffer = torch.empty(BH * min(block_q, T) * vis.max_keys(block_q, block_k, S), dtype=work, device=dev)  # reused
     key_tiles = _tiles(S, block_k)[::-1] if reverse_key_tiles else _tiles(S, block_k)
     # Else a NaN value must reach only the rows that see it. The sum, not isfinite(v).all(): no
     # (..., S, Dv) temporary, so the memory stays O(tile) (a sum that overflows to inf only takes
@@ -508,7 +524,7 @@ def _backward_fast(q3, k, v, do3, delta, m_safe, log2_l_safe, vis: Visibility, s
     S, Dv, work, dev = k.shape[-2], v.shape[-1], dq.dtype, dq.device
     k3, v3 = k.reshape(BH, S, Dh), v.reshape(BH, S, Dv)  # (..., S, D) -> (BH, S, D)
     structural = _StructuralBias(vis, work, dev)
-    bq, bk = min(block_q, T), min(block_k, S)
+    bq, bk = min(block_q, T), vis.max_keys(block_q, block_k, S)
     s_buffer = torch.empty(BH * bq * bk, dtype=work, device=dev)
     dp_buffer = torch.empty(BH * bq * bk, dtype=work, device=dev)
     q_buffer = torch.empty(BH * bq * Dh, dtype=work, device=dev)
