@@ -18,7 +18,7 @@ def test_bench_quick_prints_tables():
     assert "| T | causal | naive | SDPA | tiled | NumPy | naive/SDPA | tiled/SDPA |" in out
     assert "| T | causal | naive | SDPA | tiled | NumPy | tiled/SDPA | tiled/naive |" in out
     rows = [line for line in out.splitlines() if line.startswith("| 256 |") or line.startswith("| 512 |")]
-    assert len(rows) == 8  # 2 sizes x causal or not, in each of the two tables
+    assert len(rows) == 16  # 2 sizes x causal or not, in each of the four tables (forward and training)
     assert "GFLOP/s" in out and "## Targets" in out
     assert "vector ISA" in out and "cores)" in out and "load average" in out  # the machine class of the ratios
     # forward plus backward: time (SDPA and tiled) and peak memory (naive, SDPA, tiled) at both sizes
