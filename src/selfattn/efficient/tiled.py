@@ -37,8 +37,10 @@ __all__ = ["Visibility", "tiled_attention", "pick_forward", "DEFAULT_BLOCK_Q", "
            "WINDOW_BLOCK_Q", "WINDOW_BLOCK_K"]
 
 # Large enough that the Python loop and the per-tile elementwise passes cost little next to the matrix
-# products on a CPU (measured by bench/attention_bench.py), small enough that the one (H, block_q,
-# block_k) float32 tile alive at a time (8 x 512 x 512 x 4 B = 8 MiB) stays below the output at long T.
+# products on a CPU (measured by bench/attention_bench.py --sweep: on a 2-core AMD EPYC with AVX-512,
+# 512 x 512 was among the best of 128-1024 x 256-1024 blocks, forward and backward, causal or not, and
+# keeps the tile constant from T = 512 on), small enough that the one (H, block_q, block_k) float32
+# tile alive at a time (8 x 512 x 512 x 4 B = 8 MiB; two in the backward) stays below the output at long T.
 DEFAULT_BLOCK_Q = 512
 DEFAULT_BLOCK_K = 512
 # A sliding window's tiles: short query blocks, so that the band each one reads (block_q + window - 1
@@ -199,9 +201,9 @@ class _StructuralBias:
 
     def scores(self, q_t, k_t, i0: int, j0: int, out):
         """The masked scores of a partially visible tile in one pass, ``bias + q_t @ k_t^T``
-        (``baddbmm`` adds the cached mask as the product's initial value): for finite q and k only
-        (a NaN stored at a hidden key would give ``NaN + -inf = NaN``); the visible scores are those
-        of ``bmm`` bit for bit (``0 + x = x``)."""
+        (``baddbmm`` adds the cached mask to the product): for finite q and k only (a NaN stored at
+        a hidden key would give ``NaN + -inf = NaN``); a visible score is the product plus 0, the
+        value ``bmm`` gives (bit for bit where the kernel rounds the product the same way)."""
         bias = self.bias(i0, j0, q_t.shape[-2], k_t.shape[-2])
         return torch.baddbmm(bias.expand(out.shape), q_t, k_t.transpose(1, 2), out=out)
 
