@@ -558,8 +558,8 @@ def _backward_fast(q3, k, v, do3, delta, m_safe, log2_l_safe, vis: Visibility, s
     tensor, no bias, finite q, k, v and dO): a hidden pair then has ``P = 0`` and ``dS = 0`` exactly,
     so no tile needs the masked products. The two (BH, bq, bk) tiles (scores/weights/dS and dP) and the
     scaled query block live in buffers reused by every tile; the products accumulate in place
-    (``baddbmm_``) into dq, dk, dv; a partly visible causal/window tile gets its mask inside the
-    score product, as in the forward. Same arithmetic as the general loop, up to the rounding of
+    (``baddbmm_``) into dq, dk, dv; a partly visible causal/window tile is done in strips of
+    STRIP_ROWS rows, each with its mask inside the score product, as in the forward. Same arithmetic as the general loop, up to the rounding of
     ``scale`` applied inside the dQ product."""
     BH, T, Dh = q3.shape
     S, Dv, work, dev = k.shape[-2], v.shape[-1], dq.dtype, dq.device
@@ -569,28 +569,39 @@ def _backward_fast(q3, k, v, do3, delta, m_safe, log2_l_safe, vis: Visibility, s
     s_buffer = torch.empty(BH * bq * bk, dtype=work, device=dev)
     dp_buffer = torch.empty(BH * bq * bk, dtype=work, device=dev)
     q_buffer = torch.empty(BH * bq * Dh, dtype=work, device=dev)
+    def step(i0, i1, j0, j1, keep, q_t, do_t):  # one tile (or strip): rows [i0, i1), keys [j0, j1)
+        n, w = i1 - i0, j1 - j0
+        k_t, v_t = k3[:, j0:j1].to(work), v3[:, j0:j1].to(work)  # (BH, bk, D)
+        s = s_buffer[: BH * n * w].view(BH, n, w)
+        if keep is None:
+            structural.scores(q_t, k_t, i0, j0, s)
+        else:
+            torch.bmm(q_t, k_t.transpose(1, 2), out=s)  # (BH, bq, Dh) @ (BH, Dh, bk) -> (BH, bq, bk)
+        p = torch.exp2(s.sub_(m_safe[:, i0:i1, None]).sub_(log2_l_safe[:, i0:i1, None]), out=s)
+        dv[:, j0:j1].baddbmm_(p.transpose(1, 2), do_t)  # += (BH, bk, bq) @ (BH, bq, Dv)
+        dp = torch.bmm(do_t, v_t.transpose(1, 2), out=dp_buffer[: BH * n * w].view(BH, n, w))
+        ds = p.mul_(dp.sub_(delta[:, i0:i1, None]))  # dS = P * (dP - delta), in p's buffer
+        dq[:, i0:i1].baddbmm_(ds, k_t, alpha=scale)  # += (BH, bq, bk) @ (BH, bk, Dh) * scale
+        dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), q_t)  # += (BH, bk, bq) @ (BH, bq, Dh); q_t holds scale log2 e
+
     for tile_j0, tile_j1 in _tiles(S, block_k):
         for i0, i1 in _tiles(T, block_q):
             j0, j1 = vis.key_span(i0, i1, tile_j0, tile_j1)  # the forward's key span of this tile
             keep = vis.structural(i0, i1, j0, j1) if j0 < j1 else False
             if keep is False:
                 continue
-            n, w = i1 - i0, j1 - j0
-            k_t, v_t = k3[:, j0:j1].to(work), v3[:, j0:j1].to(work)  # (BH, bk, D)
+            n = i1 - i0
             q_t = q_buffer[: BH * n * Dh].view(BH, n, Dh).copy_(q3[:, i0:i1]).mul_(scale * _LOG2E)  # as the forward's
             do_t = do3[:, i0:i1].to(work)  # (BH, bq, Dv)
-            s = s_buffer[: BH * n * w].view(BH, n, w)
-            if keep is None:
-                structural.scores(q_t, k_t, i0, j0, s)
-            else:
-                torch.bmm(q_t, k_t.transpose(1, 2), out=s)  # (BH, bq, Dh) @ (BH, Dh, bk) -> (BH, bq, bk)
-            p = torch.exp2(s.sub_(m_safe[:, i0:i1, None]).sub_(log2_l_safe[:, i0:i1, None]), out=s)
-            dv[:, j0:j1].baddbmm_(p.transpose(1, 2), do_t)  # += (BH, bk, bq) @ (BH, bq, Dv)
-            dp = torch.bmm(do_t, v_t.transpose(1, 2), out=dp_buffer[: BH * n * w].view(BH, n, w))
-            ds = p.mul_(dp.sub_(delta[:, i0:i1, None]))  # dS = P * (dP - delta), in p's buffer
-            dq[:, i0:i1].baddbmm_(ds, k_t, alpha=scale)  # += (BH, bq, bk) @ (BH, bk, Dh) * scale
-            dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), q_t)  # += (BH, bk, bq) @ (BH, bq, Dh); q_t holds scale log2 e
-
+            if keep is True:
+                step(i0, i1, j0, j1, True, q_t, do_t)
+                continue
+            for r0 in range(i0, i1, STRIP_ROWS):  # a partly visible tile: in strips, as in the forward
+                r1 = min(r0 + STRIP_ROWS, i1)
+                c0, c1 = vis.key_span(r0, r1, j0, j1)
+                strip_keep = vis.structural(r0, r1, c0, c1) if c0 < c1 else False
+                if strip_keep is not False:
+                    step(r0, r1, c0, c1, strip_keep, q_t[:, r0 - i0:r1 - i0], do_t[:, r0 - i0:r1 - i0])
 
 def pick_forward(q: torch.Tensor, vis: Visibility):
     """Choose the forward kernel: the Triton kernel for CUDA tensors with causal or no masking and
