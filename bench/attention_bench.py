@@ -143,6 +143,13 @@ def matmul_gflops(n: int, repeats: int) -> float:
     return 2 * n**3 / best / 1e9
 
 
+LOADS: list[float] = []  # the 1-minute load average after each measured configuration
+
+
+def _note_load() -> None:
+    LOADS.append(os.getloadavg()[0])
+
+
 def _timed(fn) -> float:
     start = time.perf_counter()
     fn()
@@ -169,6 +176,7 @@ def measure_times(sizes, repeats: int, budget: int, numpy_max_T: int):
                         if (impl == "numpy" and T >= 2048) or (impl == "naive" and T >= 8192):
                             continue  # in no target, and slow: the warm-up run is its time
                         times[(impl, T, causal)] = min(times[(impl, T, causal)], _timed(fns[impl]))
+            _note_load()
             print(f"  timed T={T} causal={causal}: "
                   + ", ".join(f"{i}={times[(i, T, causal)]:.3g}s" for i in todo), file=sys.stderr, flush=True)
     return times
@@ -186,6 +194,7 @@ def measure_train_times(sizes, repeats: int):
             for _ in range(repeats):
                 for impl, fn in fns.items():
                     times[(impl, T, causal)] = min(times[(impl, T, causal)], _timed(fn))
+            _note_load()
             print(f"  timed fwd+bwd T={T} causal={causal}: "
                   + ", ".join(f"{i}={times[(i, T, causal)]:.3g}s" for i in fns), file=sys.stderr, flush=True)
     return times
@@ -223,6 +232,7 @@ def measure_window(repeats: int, quick: bool) -> dict:
         for _ in range(repeats):
             result["tiled"] = min(result["tiled"], _timed(tiled))
             result["flex"] = min(result["flex"], _timed(flex))
+    _note_load()
     print(f"  timed window: tiled={result['tiled']:.3g}s flex={result['flex']:.3g}s", file=sys.stderr, flush=True)
     return result
 
@@ -517,7 +527,8 @@ def main(argv=None):
                                           QUICK_SIZES if args.quick else TRAIN_SIZES)
     today = dt.date.today().isoformat()
     meta = {"date": today, "cpu": cpu_name(), "isa": vector_isa(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "numpy": np.__version__, "load": f"{load_start[0]:.1f} at start, {os.getloadavg()[0]:.1f} at the end",
+            "numpy": np.__version__, "load": f"{load_start[0]:.1f} at start, {os.getloadavg()[0]:.1f} at the end, "
+                                       f"{max(LOADS, default=load_start[0]):.1f} at most during the timings",
             "budget_gib": budget / GIB, "numpy_max_T": numpy_max_T, "matmul_n": matmul_n}
     table = render(times, memory, time_sizes, memory_sizes, peak, meta, train_times, train_memory, window)
     print(table)
