@@ -18,12 +18,17 @@ def test_bench_quick_prints_tables():
     assert "| T | causal | naive | SDPA | tiled | NumPy | naive/SDPA | tiled/SDPA |" in out
     assert "| T | causal | naive | SDPA | tiled | NumPy | tiled/SDPA | tiled/naive |" in out
     rows = [line for line in out.splitlines() if line.startswith("| 256 |") or line.startswith("| 512 |")]
-    assert len(rows) == 8  # 2 sizes x causal or not, in each of the two tables
+    assert len(rows) == 16  # 2 sizes x causal or not, in each of the four tables (forward and training)
     assert "GFLOP/s" in out and "## Targets" in out
+    assert "vector ISA" in out and "cores)" in out and "load average" in out  # the machine class of the ratios
+    # forward plus backward: time (SDPA and tiled) and peak memory (naive, SDPA, tiled) at both sizes
+    assert "| T | causal | SDPA | tiled | tiled/SDPA |" in out
+    assert "| T | causal | naive | SDPA | tiled | naive x2T | SDPA x2T | tiled x2T |" in out
+    assert "--quick does not compile flex_attention" in out
     # --quick does not reach T=4096 or 8192: each target says so, not "skipped" (which, in the
     # tables, means over the memory budget)
-    targets = out.split("## Targets", 1)[1].strip().splitlines()
-    assert len(targets) == 6 and all("NOT MEASURED (T=" in t and "skipped" not in t for t in targets), targets
+    targets = [t for t in out.split("## Targets", 1)[1].strip().splitlines() if t.startswith("- ")]
+    assert len(targets) == 12 and all("NOT MEASURED (T=" in t and "skipped" not in t for t in targets), targets
 
 
 def test_gpu_check_says_clearly_when_there_is_no_gpu():

@@ -33,13 +33,22 @@ from .._validate import (
 )
 from ..attention import _seen_matmul
 
-__all__ = ["Visibility", "tiled_attention", "pick_forward", "DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_K"]
+__all__ = ["Visibility", "tiled_attention", "pick_forward", "DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_K",
+           "WINDOW_BLOCK_Q", "WINDOW_BLOCK_K"]
 
 # Large enough that the Python loop and the per-tile elementwise passes cost little next to the matrix
-# products on a CPU (measured by bench/attention_bench.py), small enough that the one (H, block_q,
-# block_k) float32 tile alive at a time (8 x 512 x 512 x 4 B = 8 MiB) stays below the output at long T.
+# products on a CPU (measured by bench/attention_bench.py --sweep: on a 2-core AMD EPYC with AVX-512,
+# 512 x 512 was among the best of 128-1024 x 256-1024 blocks, forward and backward, causal or not, and
+# keeps the tile constant from T = 512 on), small enough that the one (H, block_q, block_k) float32
+# tile alive at a time (8 x 512 x 512 x 4 B = 8 MiB; two in the backward) stays below the output at long T.
 DEFAULT_BLOCK_Q = 512
 DEFAULT_BLOCK_K = 512
+# A sliding window's tiles: short query blocks, so that the band each one reads (block_q + window - 1
+# keys, trimmed by Visibility.key_span) is little more than the window, and key blocks long enough
+# that the band is one tile, not two cut at a block boundary (the buffers are sized by the band, not
+# by block_k). Measured by bench/attention_bench.py (w=256, T=8192).
+WINDOW_BLOCK_Q = 128
+WINDOW_BLOCK_K = 1 << 16
 _HALF = (torch.float16, torch.bfloat16)
 # Scores are kept in base 2 (s log2 e: the queries are scaled by scale * log2 e) so that the tiles use exp2,
 # 2-3 times faster than exp on CPUs (FlashAttention does the same on GPUs), with no extra pass over a tile.
@@ -86,6 +95,15 @@ class Visibility:
                 return False
             return True if (last_k - first_q < self.window and last_q - first_k < self.window) else None
         return True
+
+    def max_keys(self, block_q: int, block_k: int, S: int) -> int:
+        """The most key columns of any visited tile: ``block_k`` (at most S), or the band of one
+        query block under a sliding window if that is narrower (what the tile buffers are sized by)."""
+        cols = min(block_k, S)
+        if self.window is not None:
+            band = block_q + self.window - 1 if self.causal_offset is not None else block_q + 2 * self.window - 2
+            cols = min(cols, band)
+        return max(cols, 0)
 
     def key_span(self, i0: int, i1: int, j0: int, j1: int) -> tuple[int, int]:
         """The part of key columns [j0, j1) that the causal/window structure lets some query of rows
@@ -155,12 +173,9 @@ class _StructuralBias:
     def __init__(self, vis: Visibility, dtype: torch.dtype, device):
         self.vis, self.dtype, self.device, self.cache = vis, dtype, device, {}
 
-    def hide_(self, s, i0: int, j0: int):
-        """Set the hidden scores of tile ``s`` (BH, bq, bk), starting at row i0 and column j0, to
-        ``-inf`` in place: ``tril_``/``triu_`` write zeros (so a NaN stored there goes too), then the
-        cached bias adds ``-inf``; several times faster on a CPU than a broadcast ``masked_fill_``."""
+    def bias(self, i0: int, j0: int, rows: int, cols: int) -> torch.Tensor:
+        """The (rows, cols) additive mask of the tile starting at row i0 and column j0 (cached)."""
         lo, hi = self.vis.band(i0, j0)
-        rows, cols = s.shape[-2:]
         bias = self.cache.get((lo, hi, rows, cols))
         if bias is None:
             keep = torch.ones(rows, cols, dtype=torch.bool, device=self.device)
@@ -170,11 +185,27 @@ class _StructuralBias:
                 keep.triu_(lo)
             bias = torch.zeros(rows, cols, dtype=self.dtype, device=self.device).masked_fill_(~keep, -math.inf)
             self.cache[(lo, hi, rows, cols)] = bias
+        return bias
+
+    def hide_(self, s, i0: int, j0: int):
+        """Set the hidden scores of tile ``s`` (BH, bq, bk), starting at row i0 and column j0, to
+        ``-inf`` in place: ``tril_``/``triu_`` write zeros (so a NaN stored there goes too), then the
+        cached bias adds ``-inf``; several times faster on a CPU than a broadcast ``masked_fill_``."""
+        lo, hi = self.vis.band(i0, j0)
+        bias = self.bias(i0, j0, *s.shape[-2:])
         if hi is not None:
             s.tril_(hi)
         if lo is not None:
             s.triu_(lo)
         return s.add_(bias)
+
+    def scores(self, q_t, k_t, i0: int, j0: int, out):
+        """The masked scores of a partially visible tile in one pass, ``bias + q_t @ k_t^T``
+        (``baddbmm`` adds the cached mask to the product): for finite q and k only (a NaN stored at
+        a hidden key would give ``NaN + -inf = NaN``); a visible score is the product plus 0, the
+        value ``bmm`` gives (bit for bit where the kernel rounds the product the same way)."""
+        bias = self.bias(i0, j0, q_t.shape[-2], k_t.shape[-2])
+        return torch.baddbmm(bias.expand(out.shape), q_t, k_t.transpose(1, 2), out=out)
 
 
 def _to_base2(b: torch.Tensor) -> torch.Tensor:
@@ -309,13 +340,18 @@ def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, b
     out = torch.empty(BH, T, Dv, dtype=q.dtype, device=dev)
     row_max = torch.empty(BH, T, dtype=work, device=dev)
     log2_sum = torch.empty(BH, T, dtype=work, device=dev)
-    tile_buffer = torch.empty(BH * min(block_q, T) * min(block_k, S), dtype=work, device=dev)  # reused
+    tile_buffer = torch.empty(BH * min(block_q, T) * vis.max_keys(block_q, block_k, S), dtype=work, device=dev)  # reused
     key_tiles = _tiles(S, block_k)[::-1] if reverse_key_tiles else _tiles(S, block_k)
     # Else a NaN value must reach only the rows that see it. The sum, not isfinite(v).all(): no
     # (..., S, Dv) temporary, so the memory stays O(tile) (a sum that overflows to inf only takes
     # the exact slow path, which is still right).
     finite_v = bool(torch.isfinite(v.sum()))
     structural = _StructuralBias(vis, work, dev) if vis.mask is None else None
+    # a causal/window tile that is partly visible is masked inside its matrix product (one pass less)
+    # when q and k are finite; else by tril_/triu_, which also removes a NaN stored at a hidden key.
+    # Without causal or window structure no tile is partly visible: q and k are not read for the check.
+    fused_mask = (structural is not None and (vis.causal_offset is not None or vis.window is not None)
+                  and bool(torch.isfinite(q.sum()) & torch.isfinite(k.sum())))
     # The query block and its accumulator live in buffers reused by every block, so that the memory
     # beyond the output is the same at every length (a fresh block's tensors would otherwise be
     # allocated while the previous block's are still alive).
@@ -325,9 +361,8 @@ def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, b
         n = i1 - i0
         # the scaled queries, float32 for half inputs; the backward recomputes them the same way
         q_t = q_buffer[: BH * n * Dh].view(BH, n, Dh).copy_(q3[:, i0:i1]).mul_(scale * _LOG2E)
-        m = torch.full((BH, n), -math.inf, dtype=work, device=dev)  # running max (BH, bq), base 2
-        l = torch.zeros((BH, n), dtype=work, device=dev)  # running sum of exp2(s - m)
-        acc = acc_buffer[: BH * n * Dv].view(BH, n, Dv).zero_()  # (BH, bq, Dv)
+        m = l = None  # running max (BH, bq), base 2, and running sum of exp2(s - m): from the first tile
+        acc = acc_buffer[: BH * n * Dv].view(BH, n, Dv)  # (BH, bq, Dv), written by the first tile
         for j0, j1 in key_tiles:
             j0, j1 = vis.key_span(i0, i1, j0, j1)  # only keys some query of the tile may see
             if j0 >= j1:
@@ -342,6 +377,13 @@ def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, b
             if keep is not True and structural is None:
                 k_t, v_t = _zero_unseen(k_t, v_t, keep)
             k_t, v_t = k_t.reshape(BH, j1 - j0, Dh), v_t.reshape(BH, j1 - j0, Dv)  # (..., bk, D) -> (BH, bk, D)
+            if keep is None and fused_mask and bias is None and finite_v:
+                if m is None:  # the state that the row strips update in place
+                    m = torch.full((BH, n), -math.inf, dtype=work, device=dev)
+                    l = torch.zeros((BH, n), dtype=work, device=dev)
+                    acc.zero_()
+                _partial_tile_by_strips(q_t, k_t, v_t, m, l, acc, vis, structural, i0, i1, j0, j1, tile_buffer)
+                continue
             s = tile_buffer[: BH * (i1 - i0) * (j1 - j0)].view(BH, i1 - i0, j1 - j0)
             torch.bmm(q_t, k_t.transpose(1, 2), out=s)  # (BH, bq, Dh) @ (BH, Dh, bk) -> (BH, bq, bk)
             if bias is not None:  # before the hiding, so that a NaN stored in the bias at a hidden pair goes too
@@ -350,22 +392,37 @@ def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, b
                 structural.hide_(s, i0, j0)
             elif keep is not True:
                 s.view(*lead, *s.shape[-2:]).masked_fill_(~keep, -math.inf)
-            m_new = torch.maximum(m, s.amax(dim=-1))
+            tile_max = s.amax(dim=-1)
+            m_new = tile_max if m is None else torch.maximum(m, tile_max)
             # A row that has seen only masked entries keeps m = -inf: shift by 0 so that
             # exp(-inf - -inf) = NaN never happens; exp(-inf - 0) = 0 adds nothing. A bias of -inf can
             # hide a whole row of a tile that the mask shows, so with a bias the guard is always on.
             shift = m_new if (keep is True and bias is None) else torch.where(m_new == -math.inf, 0.0, m_new)
             p = torch.exp2(s.sub_(shift[..., None]), out=s)  # in place: the one tile buffer
-            correction = torch.exp2(m - shift)  # (BH, bq): rescales what was summed under the old max
-            l.mul_(correction).add_(p.sum(dim=-1))
-            acc.mul_(correction[..., None])
-            if finite_v or keep is True:
-                acc.baddbmm_(p, v_t)  # += (BH, bq, bk) @ (BH, bk, Dv) -> (BH, bq, Dv)
+            exact_v = finite_v or keep is True
+            if not exact_v and keep is None:  # the structural keep-mask of this tile, for the exact slow path
+                keep = torch.isfinite(structural.cache[(*vis.band(i0, j0), i1 - i0, j1 - j0)])
+            if m is None:  # the first tile: nothing summed yet, no rescaling (acc is written, not added to)
+                l = p.sum(dim=-1)
+                if exact_v:
+                    torch.bmm(p, v_t, out=acc)  # (BH, bq, bk) @ (BH, bk, Dv) -> (BH, bq, Dv)
+                else:
+                    acc.copy_(_seen_matmul(p, v_t, _flat_keep(keep, lead, p.shape)))
             else:
-                if keep is None:  # the structural keep-mask of this tile, for the exact slow path
-                    keep = torch.isfinite(structural.cache[(*vis.band(i0, j0), i1 - i0, j1 - j0)])
-                acc.add_(_seen_matmul(p, v_t, _flat_keep(keep, lead, p.shape)))  # slower, exact for non-finite v
+                if not torch.equal(m_new, m):  # a row's maximum rose: rescale what was summed under the old one
+                    correction = torch.exp2(m - shift)  # (BH, bq)
+                    l.mul_(correction)
+                    acc.mul_(correction[..., None])
+                l.add_(p.sum(dim=-1))
+                if exact_v:
+                    acc.baddbmm_(p, v_t)  # += (BH, bq, bk) @ (BH, bk, Dv) -> (BH, bq, Dv)
+                else:  # slower, exact for non-finite v
+                    acc.add_(_seen_matmul(p, v_t, _flat_keep(keep, lead, p.shape)))
             m = m_new
+        if m is None:  # no key tile visible to this block at all
+            m = torch.full((BH, n), -math.inf, dtype=work, device=dev)
+            l = torch.zeros((BH, n), dtype=work, device=dev)
+            acc.zero_()
         seen = l != 0  # not `l > 0`: a NaN score (a visible NaN key) must give NaN, not a zero row
         if bool(seen.all()):  # the usual case: every query of the block saw a key
             out[:, i0:i1] = acc.div_(l[..., None])
@@ -376,6 +433,41 @@ def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, b
             log2_sum[:, i0:i1] = torch.where(seen, torch.log2(torch.where(seen, l, 1.0)), 0.0)
     # (BH, T, Dv) -> (..., T, Dv); (BH, T) -> (..., T)
     return out.view(*lead, T, Dv), row_max.view(*lead, T), log2_sum.view(*lead, T)
+
+
+# Rows per strip of a partly visible causal/window tile: each strip reads only the keys its own rows
+# may see (Visibility.key_span), so that a diagonal tile computes about a strip's triangle of hidden
+# scores instead of half the tile (at T=8192 with 512-row blocks that was 1/17 of the causal work).
+STRIP_ROWS = 128
+
+
+def _partial_tile_by_strips(q_t, k_t, v_t, m, l, acc, vis: Visibility, structural: _StructuralBias,
+                            i0: int, i1: int, j0: int, j1: int, tile_buffer):
+    """The online-softmax update of a partly visible causal/window tile (finite q, k, v, no bias),
+    STRIP_ROWS query rows at a time, each strip over its own key span, updating the state rows
+    ``m``, ``l`` (BH, bq) and ``acc`` (BH, bq, Dv) of the strip in place (rows are independent)."""
+    BH = q_t.shape[0]
+    for r0 in range(i0, i1, STRIP_ROWS):
+        r1 = min(r0 + STRIP_ROWS, i1)
+        c0, c1 = vis.key_span(r0, r1, j0, j1)
+        keep = vis.structural(r0, r1, c0, c1) if c0 < c1 else False
+        if keep is False:
+            continue
+        a, b = r0 - i0, r1 - i0
+        q_s, k_s, v_s = q_t[:, a:b], k_t[:, c0 - j0:c1 - j0], v_t[:, c0 - j0:c1 - j0]
+        s = tile_buffer[: BH * (b - a) * (c1 - c0)].view(BH, b - a, c1 - c0)
+        if keep is None:
+            structural.scores(q_s, k_s, r0, c0, s)  # (BH, rows, Dh) @ (BH, Dh, keys) with the mask added
+        else:
+            torch.bmm(q_s, k_s.transpose(1, 2), out=s)
+        m_s, l_s, acc_s = m[:, a:b], l[:, a:b], acc[:, a:b]  # views: updated in place
+        m_new = torch.maximum(m_s, s.amax(dim=-1))
+        shift = torch.where(m_new == -math.inf, 0.0, m_new)  # a row with no visible key yet: shift by 0
+        p = torch.exp2(s.sub_(shift[..., None]), out=s)
+        correction = torch.exp2(m_s - shift)
+        l_s.mul_(correction).add_(p.sum(dim=-1))
+        acc_s.mul_(correction[..., None]).baddbmm_(p, v_s)  # += (BH, rows, keys) @ (BH, keys, Dv)
+        m_s.copy_(m_new)
 
 
 @torch.no_grad()
@@ -415,6 +507,10 @@ def tiled_backward_torch(q, k, v, out, lse2, d_out, vis: Visibility, scale: floa
     dq = torch.zeros(BH, T, Dh, dtype=work, device=dev)
     dk = torch.zeros(BH, S, Dh, dtype=work, device=dev)
     dv = torch.zeros(BH, S, Dv, dtype=work, device=dev)
+    if (vis.mask is None and bias is None and finite_qk and q.numel() and k.numel() and v.numel()
+            and bool(torch.isfinite(v.sum()) & torch.isfinite(d_out.sum()))):
+        _backward_fast(q3, k, v, do3, delta, m_safe, log2_l_safe, vis, scale, block_q, block_k, dq, dk, dv)
+        return _backward_result(q, k, v, dq, dk, dv)
     for tile_j0, tile_j1 in _tiles(S, block_k):
         for i0, i1 in _tiles(T, block_q):
             j0, j1 = vis.key_span(i0, i1, tile_j0, tile_j1)  # the forward's key span of this tile
@@ -447,9 +543,66 @@ def tiled_backward_torch(q, k, v, out, lse2, d_out, vis: Visibility, scale: floa
                 flat = _flat_keep(keep, lead, ds.shape)
                 dq[:, i0:i1] += _seen_matmul(ds, k_t, flat) * scale
                 dk[:, j0:j1] += _seen_matmul(ds.transpose(1, 2), q_t, flat.transpose(1, 2))
-    dk.mul_(_LN2)  # the sums above used q * scale * log2 e: one pass over dk instead of one per tile
+    return _backward_result(q, k, v, dq, dk, dv)
+
+
+def _backward_result(q, k, v, dq, dk, dv):
+    """The gradients in the shapes and dtypes of the inputs."""
+    dk.mul_(_LN2)  # the sums used q * scale * log2 e: one pass over dk instead of one per tile
     return (dq.view(q.shape).to(q.dtype), dk.view(k.shape).to(k.dtype),  # (BH, T, D) -> (..., T, D)
             dv.view(v.shape).to(v.dtype))
+
+
+def _backward_fast(q3, k, v, do3, delta, m_safe, log2_l_safe, vis: Visibility, scale: float,
+                   block_q: int, block_k: int, dq, dk, dv):
+    """The loop of :func:`tiled_backward_torch` when nothing can hide a non-finite value (no mask
+    tensor, no bias, finite q, k, v and dO): a hidden pair then has ``P = 0`` and ``dS = 0`` exactly,
+    so no tile needs the masked products. The two (BH, bq, bk) tiles (scores/weights/dS and dP) and the
+    scaled query block live in buffers reused by every tile; the products accumulate in place
+    (``baddbmm_``) into dq, dk, dv; a partly visible causal/window tile is done in strips of
+    STRIP_ROWS rows, each with its mask inside the score product, as in the forward. Same arithmetic as the general loop, up to the rounding of
+    ``scale`` applied inside the dQ product."""
+    BH, T, Dh = q3.shape
+    S, Dv, work, dev = k.shape[-2], v.shape[-1], dq.dtype, dq.device
+    k3, v3 = k.reshape(BH, S, Dh), v.reshape(BH, S, Dv)  # (..., S, D) -> (BH, S, D)
+    structural = _StructuralBias(vis, work, dev)
+    bq, bk = min(block_q, T), vis.max_keys(block_q, block_k, S)
+    s_buffer = torch.empty(BH * bq * bk, dtype=work, device=dev)
+    dp_buffer = torch.empty(BH * bq * bk, dtype=work, device=dev)
+    q_buffer = torch.empty(BH * bq * Dh, dtype=work, device=dev)
+    def step(i0, i1, j0, j1, keep, q_t, do_t):  # one tile (or strip): rows [i0, i1), keys [j0, j1)
+        n, w = i1 - i0, j1 - j0
+        k_t, v_t = k3[:, j0:j1].to(work), v3[:, j0:j1].to(work)  # (BH, bk, D)
+        s = s_buffer[: BH * n * w].view(BH, n, w)
+        if keep is None:
+            structural.scores(q_t, k_t, i0, j0, s)
+        else:
+            torch.bmm(q_t, k_t.transpose(1, 2), out=s)  # (BH, bq, Dh) @ (BH, Dh, bk) -> (BH, bq, bk)
+        p = torch.exp2(s.sub_(m_safe[:, i0:i1, None]).sub_(log2_l_safe[:, i0:i1, None]), out=s)
+        dv[:, j0:j1].baddbmm_(p.transpose(1, 2), do_t)  # += (BH, bk, bq) @ (BH, bq, Dv)
+        dp = torch.bmm(do_t, v_t.transpose(1, 2), out=dp_buffer[: BH * n * w].view(BH, n, w))
+        ds = p.mul_(dp.sub_(delta[:, i0:i1, None]))  # dS = P * (dP - delta), in p's buffer
+        dq[:, i0:i1].baddbmm_(ds, k_t, alpha=scale)  # += (BH, bq, bk) @ (BH, bk, Dh) * scale
+        dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), q_t)  # += (BH, bk, bq) @ (BH, bq, Dh); q_t holds scale log2 e
+
+    for tile_j0, tile_j1 in _tiles(S, block_k):
+        for i0, i1 in _tiles(T, block_q):
+            j0, j1 = vis.key_span(i0, i1, tile_j0, tile_j1)  # the forward's key span of this tile
+            keep = vis.structural(i0, i1, j0, j1) if j0 < j1 else False
+            if keep is False:
+                continue
+            n = i1 - i0
+            q_t = q_buffer[: BH * n * Dh].view(BH, n, Dh).copy_(q3[:, i0:i1]).mul_(scale * _LOG2E)  # as the forward's
+            do_t = do3[:, i0:i1].to(work)  # (BH, bq, Dv)
+            if keep is True:
+                step(i0, i1, j0, j1, True, q_t, do_t)
+                continue
+            for r0 in range(i0, i1, STRIP_ROWS):  # a partly visible tile: in strips, as in the forward
+                r1 = min(r0 + STRIP_ROWS, i1)
+                c0, c1 = vis.key_span(r0, r1, j0, j1)
+                strip_keep = vis.structural(r0, r1, c0, c1) if c0 < c1 else False
+                if strip_keep is not False:
+                    step(r0, r1, c0, c1, strip_keep, q_t[:, r0 - i0:r1 - i0], do_t[:, r0 - i0:r1 - i0])
 
 
 def _triton_applies(q: torch.Tensor, vis: Visibility) -> bool:

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from .._validate import require_attention_tensors, require_flag, require_positive_int, shape_of
 from ..attention import scaled_dot_product_attention
 from .tiled import (
-    DEFAULT_BLOCK_K,
-    DEFAULT_BLOCK_Q,
+    WINDOW_BLOCK_K,
+    WINDOW_BLOCK_Q,
     Visibility,
     _TiledAttentionFunction,
     validate_attention_inputs,
@@ -87,8 +87,8 @@ def sliding_window_attention(q, k, v, window: int, causal: bool = True, *, scale
 
 
 def sliding_window_tiled_attention(q, k, v, window: int, causal: bool = True, *,
-                                   scale: float | None = None, block_q: int = DEFAULT_BLOCK_Q,
-                                   block_k: int = DEFAULT_BLOCK_K):
+                                   scale: float | None = None, block_q: int = WINDOW_BLOCK_Q,
+                                   block_k: int = WINDOW_BLOCK_K):
     """The same result as :func:`sliding_window_attention`, computed by tiles that skip every block
     outside the band: work and memory O(T * window) instead of O(T^2).
 
