@@ -132,8 +132,8 @@ def test_claim_19_numbers_and_figures_are_reproducible(minilm, measured, one_thr
         assert len(fig1.to_json()) < 300_000
 
 
-# The course's sentences of chapter 13's last section (this chapter's and the bank sentences of
-# chapters 01-02), each against the same reference.
+# The twelve sentences of chapter 13's last section (this chapter's, the bank sentences of chapters
+# 01-02 and four unrelated ones), each against the same reference.
 SENTENCES = [
     SENTENCE,
     "Yesterday the central bank raised interest rates.",
@@ -143,6 +143,10 @@ SENTENCES = [
     "She sat on the river bank and watched the boats.",
     "The muddy river bank flooded after the storm.",
     "The steep grassy bank ran down to the water.",
+    "The bat flew out of the cave at dusk.",
+    "He swung the bat and hit the ball.",
+    "The cat sat quietly on the warm mat.",
+    "Attention lets every token read every other token.",
 ]
 
 
@@ -151,17 +155,17 @@ def test_claim_19_rank_correlations_hold_across_sentences_under_zero_and_mean_ab
     reference = minilm.sentence_embedding(REFERENCE)[0]
     ids = [minilm.tokenize(s).input_ids for s in SENTENCES]
     means = interpret.dataset_means(encoder, ids)
-    assert means.n_tokens == 90
+    assert means.n_tokens == 135
     # keys (the costly level) on the second sentence here (the first one's zero ablation is asserted
-    # above), on three in the chapter; heads and tokens on all eight
+    # above), on three in the chapter; heads and tokens on all twelve
     rho = [interpret.importance_correlations(encoder, x, reference, means, keys=n == 1) for n, x in enumerate(ids)]
     assert all(np.isfinite(list(r.values())).all() for r in rho)
 
     def values(key):
         return np.array([r[key] for r in rho if key in r])
 
-    # Keys: the weight predicts the effect moderately under both ablations (measured 0.64 / 0.61 on
-    # the second sentence), gradient x weight better; the two ablations rank keys alike (0.80).
+    # Keys: the weight predicts the effect moderately under both ablations (measured 0.64 / 0.62 on
+    # the second sentence), gradient x weight better; the two ablations rank keys alike (0.81).
     for ablation in ("zero", "mean"):
         weight, grad = values(("keys", ablation, "weight")), values(("keys", ablation, "gradient x weight"))
         assert len(weight) == 1 and np.all((0.45 < weight) & (weight < 0.75)), weight
@@ -176,10 +180,10 @@ def test_claim_19_rank_correlations_hold_across_sentences_under_zero_and_mean_ab
     assert values(("heads", "mean", "[CLS] share")).max() < 0.1
     assert values(("heads", "zero vs mean", "")).mean() < values(("keys", "zero vs mean", "")).mean() - 0.2
     # Tokens: rollout ranks them worse than the last layer's raw weights under both ablations (means
-    # -0.08 / -0.05 against 0.49 / 0.63), over eight sentences.
+    # -0.07 / -0.06 against 0.46 / 0.57), over twelve sentences.
     for ablation in ("zero", "mean"):
         raw, roll = values(("tokens", ablation, "raw attention")), values(("tokens", ablation, "rollout"))
-        assert len(raw) == len(roll) == 8
+        assert len(raw) == len(roll) == 12
         assert raw.mean() > roll.mean() + 0.3, (raw.mean(), roll.mean())
     # On the chapter's sentence rollout gives [CLS] more of the output than either ablation finds there.
     A = interpret.edge_attributions(encoder, ids[0], reference, [""] * ids[0].shape[1])
