@@ -1,4 +1,4 @@
-"""The Triton forward kernel, run on the CPU through Triton's interpreter.
+"""The Triton forward and backward kernels, run on the CPU through Triton's interpreter.
 
 ``TRITON_INTERPRET=1`` must be set before ``triton`` is imported, and the rest of the test session
 has already imported it without, so the checks run in a fresh Python process.
@@ -379,3 +379,103 @@ def test_triton_backward_refuses_general_mask():
     q = torch.zeros(1, 1, 4, 4)
     with pytest.raises(ValueError, match="causal or no masking"):
         triton_backward(q, q, q, q, q[..., 0], q, Visibility(mask=torch.ones(4, 4, dtype=torch.bool)), 1.0)
+
+
+# The tiles and head sizes a GPU runs. The cases above use 16 x 16 tiles, T, S <= 45 and d_head <= 24;
+# on CUDA, tiled_attention passes its default blocks (DEFAULT_BLOCK_Q/K = 512), which the forward caps
+# at 128 and the backward at 64 (num_warps 8 when d_head > 64). Unequal tiles check that the dK/dV
+# kernel's first query block (``lo``, rounded down to a multiple of BLOCK_M) and the dQ kernel's last
+# key block (``hi``, from BLOCK_M) use the right block size, with both causal alignments and T != S.
+_GPU_TILES_SCRIPT = textwrap.dedent("""
+    import json
+    import numpy as np
+    import torch
+    import triton.language as tl
+    from triton.runtime import interpreter
+    import selfattn
+    from selfattn.efficient.tiled import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Visibility
+    from selfattn.efficient.triton_kernel import triton_backward, triton_forward
+
+    # Triton's interpreter stores bfloat16 as its uint16 bit pattern and its tl.dot multiplies those
+    # bits (triton-lang/triton#11584: values near 1e10; "we just don't support it yet"). Widen such
+    # operands to the float32 of the same value (exact) before the product, which then sums in float32
+    # as a GPU's tensor cores do. The kernels' other bfloat16 operations are loads, stores, casts and
+    # transposes, which the interpreter handles.
+    _dot = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        def value(x):
+            if x.dtype.scalar == tl.bfloat16 and x.data.dtype == np.uint16:
+                return interpreter.TensorHandle((x.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+            return x
+        return _dot(self, value(a), value(b), d, input_precision, max_num_imprecise_acc)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
+    torch.manual_seed(0)
+
+    def oracle(q, k, v, alignment, d_out):
+        # float64 autograd through the dense reference, on the same (rounded) inputs
+        q, k, v = (x.detach().double().requires_grad_(True) for x in (q, k, v))
+        T, S = q.shape[-2], k.shape[-2]
+        keep = None if alignment is None else selfattn.causal_mask(T, S, alignment=alignment)
+        out = selfattn.scaled_dot_product_attention(q, k, v, keep, scale=0.3)
+        return out.detach(), torch.autograd.grad(out, (q, k, v), d_out.double())
+
+    def rel(got, want):  # max |got - want| / max |want|; NaN stays NaN
+        return float((got.double() - want).abs().amax() / want.abs().amax())
+
+    D = (DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K)  # what tiled_attention passes: forward 128, backward 64
+    f32, bf16 = torch.float32, torch.bfloat16
+    # ((block_q, block_k), T, S, Dh, Dv, alignment, dtype); B = H = 1: the interpreter is slow
+    cases = [((16, 32), 100, 77, 32, 32, "top_left", f32), ((16, 32), 77, 100, 32, 32, "bottom_right", f32),
+             ((32, 16), 77, 100, 32, 32, "bottom_right", f32), ((32, 16), 100, 61, 32, 32, "top_left", f32),
+             ((64, 16), 100, 61, 32, 32, "bottom_right", f32), ((64, 16), 61, 100, 32, 32, "top_left", f32),
+             ((16, 64), 61, 100, 32, 32, "bottom_right", f32), ((32, 16), 100, 77, 24, 40, None, f32),
+             (D, 150, 200, 64, 64, "bottom_right", f32), (D, 100, 90, 64, 64, "bottom_right", f32),
+             (D, 70, 100, 128, 128, "top_left", f32), (D, 100, 130, 128, 128, None, f32),
+             (D, 90, 100, 64, 64, "bottom_right", bf16), (D, 100, 77, 128, 128, "top_left", bf16),
+             ((32, 16), 61, 100, 32, 32, "bottom_right", bf16)]
+    report = []
+    for (bq, bk), T, S, Dh, Dv, alignment, dtype in cases:
+        q, k, v = (torch.randn(1, 1, n, d, dtype=dtype) for n, d in ((T, Dh), (S, Dh), (S, Dv)))
+        offset = None if alignment is None else (S - T if alignment == "bottom_right" else 0)
+        vis = Visibility(causal_offset=offset)
+        out, lse = triton_forward(q, k, v, vis, 0.3, bq, bk)
+        d_out = torch.randn(1, 1, T, Dv, dtype=dtype)
+        grads = triton_backward(q, k, v, out, lse, d_out, vis, 0.3, bq, bk)
+        want_out, want = oracle(q, k, v, alignment, d_out)
+        empty = torch.isneginf(lse)  # (1, 1, T): queries that see no key
+        report.append({"case": [bq, bk, T, S, Dh, Dv, alignment], "dtype": str(dtype),
+                       "errors": [rel(x, w) for x, w in zip((out, *grads), (want_out, *want))],
+                       "finite": [bool(torch.isfinite(x).all()) for x in (out, *grads)],
+                       "dtypes": [str(x.dtype) for x in (out, *grads)],
+                       "empty_rows": int(empty.sum()), "empty_dq_zero": bool((grads[0][empty] == 0).all())})
+    print(json.dumps(report))
+""")
+
+# float32: as _BACKWARD_TOL; measured 1e-7 to 6e-7 with tiles <= 64 and d_head 32, 5e-7 to 2e-6 at the
+# default tiles with d_head 64 and 128 (sums of 64 to 128 products), well under 1e-5. bfloat16 (eps
+# 2^-7 = 7.8e-3): the output and the gradients are rounded to bfloat16 (up to eps / 2 of max |grad|
+# each), and so are P and dS before P^T dO, dS^T Q and dS K, and O in delta = rowsum(dO * O); measured
+# 4e-3 to 1.1e-2 (0.5 to 1.4 eps). 4 eps = 3.1e-2 leaves room for other seeds, while a wrong tile
+# bound or mask (a whole key block added or dropped: errors of 1e-1 and more) cannot pass.
+_GPU_TILES_TOL = {"torch.float32": 1e-5, "torch.bfloat16": 4 * 2.0**-7}
+
+
+def test_triton_kernels_in_interpreter_match_float64_at_gpu_tiles_and_unequal_tiles():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, "-c", _GPU_TILES_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(report) == 15
+    for case in report:
+        assert all(case["finite"]), case
+        assert case["dtypes"] == [case["dtype"]] * 4, case
+        # e < tol is False for NaN: a NaN error fails
+        assert all(e < _GPU_TILES_TOL[case["dtype"]] for e in case["errors"]), case
+        assert case["empty_dq_zero"], case
+    # the bottom-right cases with T > S do have rows that see no key (T - S of them)
+    assert [c["empty_rows"] for c in report if c["case"][6] == "bottom_right" and c["case"][2] > c["case"][3]] \
+        == [39, 10], report
+    assert {c["dtype"] for c in report} == {"torch.float32", "torch.bfloat16"}

@@ -5,10 +5,12 @@ the key and value blocks of ``BLOCK_N`` positions through on-chip memory, keeps 
 sum and accumulator in registers, and writes the output rows and their log-sum-exp once. Causal
 masking stops the key loop at the diagonal, so fully masked tiles are never loaded.
 
-Backward (Algorithm 2): ``delta = rowsum(dO * O)`` first; then one program per key block keeps its
-dK and dV in registers while the query blocks that may see it stream through, recomputing the
-weights from the saved log-sum-exp; and one program per query block sums its dQ the same way, so no
-two programs write the same rows (no atomics).
+Backward (after Algorithm 2): ``delta = rowsum(dO * O)`` first; then one program per key block keeps
+its dK and dV in registers while the query blocks that may see it stream through, recomputing the
+weights from the saved log-sum-exp. FlashAttention-2's Algorithm 2 also updates dQ_i in HBM inside
+that K/V loop (atomic adds in its CUDA code); this package computes dQ in a separate kernel instead,
+one program per query block, which recomputes P and dS and sums its dQ in registers: no atomics, and
+the result is deterministic.
 
 It runs natively on a CUDA GPU and, for tests, on the CPU through Triton's interpreter
 (``TRITON_INTERPRET=1`` set before ``triton`` is imported). :func:`selfattn.efficient.tiled_attention`
@@ -230,8 +232,9 @@ if triton is not None:
     ):
         # One program owns one block of BLOCK_M queries and streams the key blocks through, as the
         # forward does: dQ is summed in registers and written once, so no two programs add into the
-        # same rows (no atomics: deterministic). The tile's P and dS are recomputed a second time
-        # (the price of that, paid by FlashAttention-2's Triton versions too).
+        # same rows (no atomics: deterministic). Algorithm 2 instead adds each tile's dS K into dQ_i in
+        # HBM inside the K/V loop (atomic adds in FlashAttention-2's CUDA code); the price here is that
+        # the tile's P and dS are recomputed a second time.
         start_m = tl.program_id(0)
         bh = tl.program_id(1)
         rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
@@ -276,10 +279,11 @@ def triton_backward(q, k, v, out, lse, d_out, vis, scale: float, block_q: int = 
     computes ``delta = rowsum(dO * O)`` (T,) per (batch, head); the second runs one program per key
     block, loops over the query blocks that may see it, recomputes the weights ``P = exp(s - lse)``
     from the saved log-sum-exp (the (T, S) weights are never stored) and sums ``dV = P^T dO`` and
-    ``dK = scale dS^T Q`` in registers, with ``dS = P * (dO V^T - delta)``; the third runs one program
-    per query block and sums ``dQ = scale dS K`` over the key blocks, so no program adds into another's
-    rows (no atomics: the result is deterministic). Causal masking skips the tiles above the diagonal
-    in both loops.
+    ``dK = scale dS^T Q`` in registers, with ``dS = P * (dO V^T - delta)``. Algorithm 2 also updates
+    ``dQ_i`` in HBM inside that K/V loop (atomic adds in FlashAttention-2's CUDA code); here the third
+    kernel computes dQ separately: one program per query block recomputes P and dS over the key blocks
+    and sums ``dQ = scale dS K`` in registers, so no atomics are needed and the result is
+    deterministic. Causal masking skips the tiles above the diagonal in both loops.
 
     Args:
         q: (..., T, Dh); k: (..., S, Dh); v: (..., S, Dv): the forward's inputs, one floating dtype
