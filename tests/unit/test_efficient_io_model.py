@@ -66,6 +66,40 @@ def test_a_temporary_too_big_for_fast_memory_goes_to_slow_memory_each_time():
     assert large_m.largest_fast == BIG
 
 
+def test_out_aliasing_an_input_is_read_and_written():
+    q, k = _vec(), torch.ones(1024)
+    _, same = count_traffic(lambda: torch.exp2(q, out=q), fast_memory=64, inputs={"Q": q})
+    assert same.read == {"Q": BIG} and same.written == {"Q": BIG}
+    _, add = count_traffic(lambda: torch.add(q, k, out=q), fast_memory=64, inputs={"Q": q, "K": k})
+    assert add.read == {"Q": BIG, "K": BIG} and add.written == {"Q": BIG}
+
+
+def test_a_loop_that_keeps_more_than_fast_memory_alive_is_caught_by_its_working_set():
+    """Copying K and V into many pieces, each small enough to count as fast, would make exact attention
+    look as if it moved only 4 T d numbers, below the paper's lower bound: the working set shows that
+    the pieces do not fit in the fast memory together."""
+    T, d, M = 256, 16, 4 * 2**10
+    q, k, v = (torch.randn(T, d) for _ in range(3))
+
+    def cheat():
+        ks, vs = [k[i:i + 16].clone() for i in range(0, T, 16)], [v[i:i + 16].clone() for i in range(0, T, 16)]
+        return torch.cat([torch.softmax(torch.cat([q[i:i + 16] @ kj.T for kj in ks], dim=1), dim=1)
+                          @ torch.cat(vs) for i in range(0, T, 16)])
+
+    out, traffic = count_traffic(cheat, fast_memory=M, inputs={"Q": q, "K": k, "V": v})
+    torch.testing.assert_close(out, torch.softmax(q @ k.T, dim=1) @ v, rtol=1e-5, atol=1e-5)
+    assert traffic.peak_working_set > 4 * M  # all of K and V held at once: 32 KiB against 4 KiB
+    from selfattn.efficient import tiled_attention
+    from selfattn.efficient.io_model import flash_block_sizes
+
+    bq, bk = flash_block_sizes(M, d)
+    _, tiled = count_traffic(lambda: tiled_attention(q, k, v, scale=1.0, block_q=bq, block_k=bk),
+                             fast_memory=M, inputs={"Q": q, "K": k, "V": v})
+    # the loop's own working set: its tiles, plus its running maxima and sums for all T rows (a kernel
+    # would keep only the block's), a large share of so small an M
+    assert tiled.peak_working_set <= 2 * M
+
+
 def test_results_are_slow_memory_whatever_their_size():
     q = _vec(4)
     _, traffic = count_traffic(lambda: q + 1, fast_memory=2**20, inputs={"Q": q})

@@ -42,12 +42,16 @@ class Traffic:
     ``read`` and ``written``: bytes per slow storage, keyed by the name the caller gave an input
     (``"Q"``, ``"K"``, ...), ``"output"`` for a result, or ``"intermediate"`` for any other slow storage
     (a tensor larger than the fast memory, such as standard attention's score matrix).
-    ``largest_fast``: the largest storage (bytes) that stayed in fast memory. ``operations``: how many
-    operations ran that are not views or allocations (each one a separate pass, a separate dispatch)."""
+    ``largest_fast``: the largest storage (bytes) that stayed in fast memory. ``peak_working_set``:
+    the most fast memory any one operation needed (bytes): every storage small enough for fast memory
+    that was alive at that moment (the named inputs excepted), plus the slow-memory operands the
+    operation read or wrote that fit in fast memory (a tile of K; a pass over a larger one streams it). ``operations``: how many operations ran that are not views or
+    allocations (each one a separate pass, a separate dispatch)."""
 
     read: dict[str, int] = field(default_factory=dict)
     written: dict[str, int] = field(default_factory=dict)
     largest_fast: int = 0
+    peak_working_set: int = 0
     operations: int = 0
 
     @property
@@ -57,14 +61,18 @@ class Traffic:
 
 
 class _TrafficMode(TorchDispatchMode):
-    """Records (storage serial, bytes, is_write) for every operation run under it."""
+    """Records (storage serial, bytes, is_write) for every operation run under it, and the largest
+    working set of fast memory an operation needed (see :attr:`Traffic.peak_working_set`)."""
 
-    def __init__(self):
+    def __init__(self, fast_memory: int):
         super().__init__()
+        self.fast_memory = fast_memory
         self._by_pointer: dict[int, tuple[int, StorageWeakRef]] = {}
         self.nbytes: list[int] = []  # serial -> size of the storage in bytes
         self.events: list[tuple[int, int, bool]] = []
         self.operations = 0
+        self._fast_live: dict[int, StorageWeakRef] = {}  # storages small enough for fast memory, alive
+        self.snapshots: list[tuple[tuple[int, ...], list[tuple[int, int]]]] = []
 
     def serial(self, t: torch.Tensor) -> int:
         # A data pointer is reused once a storage is freed: a dead or different storage gets a new serial.
@@ -75,38 +83,65 @@ class _TrafficMode(TorchDispatchMode):
             known = (len(self.nbytes), ref)
             self._by_pointer[storage.data_ptr()] = known
             self.nbytes.append(storage.nbytes())
+            if storage.nbytes() <= self.fast_memory:
+                self._fast_live[known[0]] = ref
         return known[0]
 
     def _record(self, t: torch.Tensor, write: bool) -> None:
         self.events.append((self.serial(t), t.numel() * t.element_size(), write))
+
+    def _working_set(self, operands: list[torch.Tensor]) -> None:
+        # What fast memory holds during this operation: every small storage still alive, and the
+        # operands it touches (as (serial, bytes)); which of them are slow memory is known only once
+        # the results are (see working_set_peak).
+        for serial in [s for s, ref in self._fast_live.items() if ref.expired()]:
+            del self._fast_live[serial]
+        self.snapshots.append((tuple(self._fast_live), [(self.serial(t), t.numel() * t.element_size())
+                                                        for t in operands]))
+
+    def working_set_peak(self, slow: set[int]) -> int:
+        """The peak over operations of: the small storages alive that are not slow memory, plus the
+        pieces of slow memory the operation brings in. An operand of slow memory larger than the fast
+        memory cannot be brought in whole: a pass over it (a sum, an elementwise step) streams it
+        through in pieces, and its bytes are charged as traffic all the same."""
+        def is_slow(serial):
+            return serial in slow or self.nbytes[serial] > self.fast_memory
+        peak = 0
+        for held, operands in self.snapshots:
+            resident = sum(self.nbytes[s] for s in held if not is_slow(s))
+            brought = sum(n for s, n in operands if is_slow(s) and n <= self.fast_memory)
+            peak = max(peak, resident + brought)
+        return peak
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
         if func.is_view or func in _NO_TRAFFIC:
             return result
-        tensors = [v for v in tree_flatten((args, kwargs))[0] if isinstance(v, torch.Tensor)]
-        mutated: dict[int, bool] = {}  # id of a tensor the operation writes -> whether it only writes it
+        # (tensor, role) for each tensor argument, by the schema: "read", "write" (copy_, fill_, out=)
+        # or "update" (an in-place self: read, then written). The same tensor may appear in two roles,
+        # as in torch.exp2(x, out=x): it is then read and written.
+        roles: list[tuple[torch.Tensor, str]] = []
         for i, arg in enumerate(func._schema.arguments):
             value = args[i] if i < len(args) else kwargs.get(arg.name)
-            if isinstance(value, torch.Tensor) and arg.alias_info is not None and arg.alias_info.is_write:
-                mutated[id(value)] = func in _WRITE_ONLY or arg.name == "out"
+            written = arg.alias_info is not None and arg.alias_info.is_write
+            role = ("write" if func in _WRITE_ONLY or arg.name == "out" else "update") if written else "read"
+            roles += [(t, role) for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
         results = [v for v in tree_flatten(result)[0] if isinstance(v, torch.Tensor)]
-        argument_storages = {self.serial(v) for v in tensors}
-        if not mutated and results and all(self.serial(v) in argument_storages for v in results):
+        argument_storages = {self.serial(t) for t, _ in roles}
+        if all(r == "read" for _, r in roles) and results and all(self.serial(v) in argument_storages for v in results):
             return result  # a view in all but name (_unsafe_view, alias): it shares its input's numbers
         self.operations += 1
-        for value in tensors:
-            if id(value) in mutated:
-                if not mutated[id(value)]:
-                    self._record(value, write=False)  # x.mul_(y) reads x before writing it
-                self._record(value, write=True)
-            else:
-                self._record(value, write=False)
-        mutated_storages = {self.serial(v) for v in tensors if id(v) in mutated}
+        for t, role in roles:
+            if role != "write":
+                self._record(t, write=False)
+            if role != "read":
+                self._record(t, write=True)
+        mutated_storages = {self.serial(t) for t, role in roles if role != "read"}
         for value in results:
             if self.serial(value) not in mutated_storages:
                 self._record(value, write=True)  # a new result: written once
+        self._working_set([t for t, _ in roles])
         return result
 
 
@@ -118,6 +153,11 @@ def count_traffic(fn, *, fast_memory: int, inputs: dict[str, torch.Tensor]) -> t
     Traffic)``; every tensor ``fn`` returns is slow memory (``"output"``), as is any storage larger than
     ``fast_memory``. Counts are exact for the operations run; code outside torch (NumPy) is not seen.
 
+    The counts are only an IO model's counts if the computation also *fits* in the fast memory: check
+    ``Traffic.peak_working_set <= c * fast_memory`` for the constant ``c`` you allow. (Storages of at
+    most ``fast_memory`` bytes each are free to move, so code that keeps many of them alive at once,
+    more than the fast memory holds, would otherwise be counted as moving almost nothing.)
+
     Raises ``ValueError`` if ``fast_memory`` is not a positive integer or an input is not a tensor.
     Source: the IO model of Dao et al. (2022), Section 3.2 and Theorem 2; introduced in chapter 10.
     """
@@ -126,14 +166,14 @@ def count_traffic(fn, *, fast_memory: int, inputs: dict[str, torch.Tensor]) -> t
     for name, t in inputs.items():
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"inputs[{name!r}] must be a torch.Tensor, got {type(t).__name__}")
-    mode = _TrafficMode()
+    mode = _TrafficMode(fast_memory)
     named = {mode.serial(t): name for name, t in inputs.items()}  # serials before the run: inputs first
     with mode:
         result = fn()
     for t in tree_flatten(result)[0]:
         if isinstance(t, torch.Tensor):
             named.setdefault(mode.serial(t), "output")
-    traffic = Traffic(operations=mode.operations)
+    traffic = Traffic(operations=mode.operations, peak_working_set=mode.working_set_peak(set(named)))
     for serial, nbytes, write in mode.events:
         name = named.get(serial, "intermediate" if mode.nbytes[serial] > fast_memory else None)
         if name is None:  # a storage that fits in fast memory: moves within it are free
