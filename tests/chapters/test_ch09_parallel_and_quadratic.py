@@ -90,6 +90,10 @@ def test_claim_15_a_recurrent_network_depends_on_the_order_of_its_steps():
     # Chunks run independently (from a zero state) differ right after each chunk boundary.
     assert (chunked - in_order).abs()[0, 16].max() > 0.05
     torch.testing.assert_close(chunked[:, :16], in_order[:, :16], atol=0, rtol=0)  # the first chunk is right
+    # And only there: the wrong positions (off by more than 1e-3) are a run right after each boundary.
+    wrong = ((chunked - in_order).abs()[0].amax(-1) > 1e-3).tolist()  # (T,)
+    lead = [next((n for n in range(min(16, 50 - b)) if not wrong[b + n]), min(16, 50 - b)) for b in (16, 32, 48)]
+    assert all(n > 0 for n in lead[:2]) and sum(lead) == sum(wrong) and max(lead) < 16, (lead, sum(wrong))
 
 
 def test_claim_15_dependency_chain_grows_with_T_for_the_rnn_not_for_attention():

@@ -3,9 +3,12 @@
 :func:`dependency_depth` watches every PyTorch operation a function runs (a ``TorchDispatchMode``)
 and gives each result a depth: one more than the deepest of its inputs (inputs from outside the
 function have depth 0; views and reshapes add nothing, since they compute nothing). The largest
-depth is the number of steps no amount of parallel hardware can overlap (the "depth" of a
-computation, as opposed to its total "work"). Attention's depth does not grow with T; a recurrent
-network's grows by a fixed number of operations per position.
+depth is the number of whole operations no amount of parallel hardware can overlap (the "depth" of
+a computation, as opposed to its total "work"). Each operation counts as one step, although a
+reduction over T terms inside it (a softmax's sum, a matrix product's inner sums) is itself a tree of
+depth ceil(log2 T) on parallel hardware. Counted in whole operations, attention's depth does not grow
+with T (so O(log T) once the reductions are counted); a recurrent network's grows by a fixed number of
+operations per position (O(T)).
 
 Introduced in chapter 09 (claim 15).
 """
