@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._threads import one_thread
 from .._validate import require_flag, require_positive_int, require_tensor
 from ..attention import AttentionConfig, SelfAttention, scaled_dot_product_attention
 from .tying import RecallConfig, RecallTask
@@ -253,9 +254,7 @@ def train_scaling(scaled: bool, config: RecallConfig = SCALING_CONFIG, steps: in
     Source: chapter 02 (claim 5).
     """
     require_positive_int("steps", steps)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         model = ScalingRecallModel(config, scaled, generator=torch.Generator().manual_seed(seed))
         task = RecallTask(config)
         X, _ = task.sample(512, torch.Generator().manual_seed(seed + 20_000))
@@ -272,6 +271,4 @@ def train_scaling(scaled: bool, config: RecallConfig = SCALING_CONFIG, steps: in
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
-    finally:
-        torch.set_num_threads(threads)
     return ScalingRun(float(entropy.mean()), float(weights.max(dim=-1).values.mean()), losses)

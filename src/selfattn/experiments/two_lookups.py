@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._threads import one_thread
 from .._validate import require_positive_int, require_rank, require_tensor, shape_of
 from ..multihead import MHAConfig, MultiHeadAttention
 
@@ -135,12 +136,8 @@ def train_two_lookups(n_heads: int, config: TwoLookupConfig = TwoLookupConfig(),
     different head counts see the same sequences in the same order. One CPU thread (restored
     afterwards): results do not depend on the machine's thread count or load.
     """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         return _train(n_heads, config, seed)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _train(n_heads: int, config: TwoLookupConfig, seed: int) -> TwoLookupResult:

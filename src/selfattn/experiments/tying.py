@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .._threads import one_thread
 from .._validate import require_positive_int
 from ..attention import AttentionConfig, SelfAttention, scaled_dot_product_attention
 
@@ -133,12 +134,8 @@ def train_recall(model_cls: type[RecallModel], config: RecallConfig = RecallConf
     Runs on one CPU thread (restored afterwards): the matrices are tiny, and several threads only
     wait on each other, which on a busy machine makes the run many times slower.
     """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         return _train_recall(model_cls, config, seed)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _train_recall(model_cls: type[RecallModel], config: RecallConfig, seed: int) -> RecallResult:

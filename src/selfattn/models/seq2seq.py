@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._threads import one_thread
 from .._validate import require_positive_int, require_rank, require_tensor, shape_of
 from ..block import BlockConfig, FeedForward, TransformerBlock
 from ..masks import causal_mask
@@ -290,12 +291,8 @@ def train_reversal(config: Seq2SeqConfig = Seq2SeqConfig(), seed: int = 0, *, st
     load. ``steps`` (default ``config.steps``) can cut the run short. CPU, float32.
     """
     steps = config.steps if steps is None else require_positive_int("steps", steps)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         return _train_reversal(config, seed, steps)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _train_reversal(config: Seq2SeqConfig, seed: int, steps: int) -> ReversalResult:
