@@ -31,11 +31,17 @@ def make_inputs(case: dict):
     mask (B, T) or None, from ``case`` = {"B", "H", "T", "Dh", "seed", "padding", optional "dtype"}.
 
     The padding hides positions 0 and the last three of every row (under a causal mask query 0 then
-    sees only padding: a zero row) and, when B > 1, all of row 1 (every query of it sees nothing)."""
+    sees only padding: a zero row) and, when B > 1, all of row 1 (every query of it sees nothing).
+    An optional ``case["nonfinite"]``, a list of ``(name, position, value)`` with name "q", "k" or "v",
+    stores ``value`` (NaN, inf, -inf) at that position of that tensor, every batch row and head: the
+    house rule's test that a value the mask hides reaches nothing."""
     g = torch.Generator().manual_seed(case["seed"])
     B, H, T, Dh = case["B"], case["H"], case["T"], case["Dh"]
     dtype = case.get("dtype", torch.float64)
     q, k, v, dout = (torch.randn(B, H, T, Dh, generator=g, dtype=torch.float64).to(dtype) for _ in range(4))
+    for name, position, value in case.get("nonfinite", ()):
+        x = {"q": q, "k": k, "v": v}[name]
+        x[:, :, position] = value  # (B, H, Dh) entries of that position
     kpm = None
     if case.get("padding", False):
         kpm = torch.ones(B, T, dtype=torch.bool)
