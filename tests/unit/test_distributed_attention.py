@@ -1,7 +1,9 @@
 """Ring attention and all-to-all (Ulysses) attention on 2 and 4 real gloo processes equal
 single-process attention (``selfattn.scaled_dot_product_attention`` with the full mask, float64
-autograd): outputs and dq, dk, dv to 1e-12, causal and not, both layouts, with padding masks; the bytes
-each rank sends equal the formulas, written out here; bad shards get clear errors.
+autograd): outputs and dq, dk, dv to 1e-12, causal and not, both layouts, with padding masks; float32,
+float16 and bfloat16 to their rounding; NaN or inf stored where the mask hides it reaches nothing it
+may not; the bytes each rank sends equal the formulas, written out here, both as the module counts them
+and as torch.distributed's wrapped send and all-to-all functions saw them; bad shards get clear errors.
 
 One process group per world size (module-scoped fixtures): every case runs inside one spawn."""
 
@@ -13,9 +15,9 @@ import pytest
 import torch
 
 import selfattn
-from selfattn.distributed import Traffic, run_distributed, shard_sequence, unshard_sequence
+from selfattn.distributed import run_distributed, unshard_sequence
 from selfattn.distributed.workers import (
-    METHODS,
+    attention_cases,
     bad_input_messages,
     make_inputs,
     subgroup_ring,
@@ -27,96 +29,12 @@ H, DH = 4, 8
 SUBGROUP_CASE = {"layout": "zigzag", "causal": True, "padding": True, "B": 2, "H": 6, "T": 24, "Dh": 8, "seed": 5}
 
 
-class _Wire:
-    """In a spawned rank: wraps the ``torch.distributed`` send and all-to-all functions to add up the
-    bytes of the tensors actually handed to them, independently of the module's own count (comm.py).
-    ``sent``: bytes that leave the rank; ``received``: bytes of the receive buffers."""
-
-    def __init__(self):
-        import torch.distributed as dist
-        import torch.distributed.distributed_c10d as c10d
-
-        self.sent = self.received = 0
-        self.in_batch = False
-        orig = {name: getattr(c10d, name) for name in ("isend", "irecv", "send", "recv", "batch_isend_irecv",
-                                                          "all_to_all", "all_to_all_single")}
-
-        def nb(x):
-            return x.numel() * x.element_size()
-
-        def point(name, to_sent):
-            def wrapper(tensor, *args, **kwargs):
-                if not self.in_batch:  # batch_isend_irecv counted its ops already
-                    if to_sent:
-                        self.sent += nb(tensor)
-                    else:
-                        self.received += nb(tensor)
-                return orig[name](tensor, *args, **kwargs)
-            return wrapper
-
-        wrapped = {"isend": point("isend", True), "irecv": point("irecv", False),
-                   "send": point("send", True), "recv": point("recv", False)}
-
-        def batch(ops):
-            for op in ops:  # op.op is the (wrapped) isend or irecv
-                if op.op is wrapped["isend"]:
-                    self.sent += nb(op.tensor)
-                else:
-                    self.received += nb(op.tensor)
-            self.in_batch = True
-            try:
-                return orig["batch_isend_irecv"](ops)
-            finally:
-                self.in_batch = False
-
-        def a2a(outputs, inputs, group=None, async_op=False):
-            me = dist.get_rank(group)
-            self.sent += sum(nb(x) for j, x in enumerate(inputs) if j != me)  # chunk `me` stays
-            self.received += sum(nb(x) for j, x in enumerate(outputs) if j != me)
-            return orig["all_to_all"](outputs, inputs, group=group, async_op=async_op)
-
-        def a2a_single(output, inp, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
-            P, me = dist.get_world_size(group), dist.get_rank(group)
-            rows = input_split_sizes or [inp.shape[0] // P] * P
-            self.sent += nb(inp) - rows[me] * nb(inp) // max(inp.shape[0], 1)
-            return orig["all_to_all_single"](output, inp, output_split_sizes, input_split_sizes, group, async_op)
-
-        wrapped.update(batch_isend_irecv=batch, all_to_all=a2a, all_to_all_single=a2a_single)
-        for name, fn in wrapped.items():  # both names: P2POp checks its op against c10d's isend and irecv
-            setattr(c10d, name, fn)
-            setattr(dist, name, fn)
-
-    def take(self):
-        out = (self.sent, self.received)
-        self.sent = self.received = 0
-        return out
-
-
-def _counted_case(rank, world_size, case, wire):
-    """One case as :func:`~selfattn.distributed.workers.attention_cases` runs it, with the bytes the
-    wrapped torch.distributed functions saw, forward and backward separately."""
-    q, k, v, dout, kpm = make_inputs(case)
-    layout = case["layout"]
-    q, k, v = (shard_sequence(x, world_size, layout, rank).requires_grad_() for x in (q, k, v))  # (B, H, T/P, Dh)
-    kpm = None if kpm is None else shard_sequence(kpm, world_size, layout, rank, dim=-1)  # (B, T/P)
-    traffic = Traffic()
-    wire.take()
-    out = METHODS[case["method"]](q, k, v, key_padding_mask=kpm, causal=case["causal"], layout=layout, traffic=traffic)
-    forward = wire.take()
-    out.backward(shard_sequence(dout, world_size, layout, rank))
-    backward = wire.take()
-    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, "traffic": traffic.as_dict(),
-            "wire": {"forward": forward, "backward": backward}}
-
-
 def cases_and_errors(rank, world_size, cases):
-    """One spawn for all: the cases (with the bytes counted on the wire), the error messages, the rank
+    """One spawn for all: the cases (with the bytes counted at torch.distributed's entry points), the error messages, the rank
     (results must come back in rank order) and, with 4 processes, ring and all-to-all attention inside
     the subgroup of ranks 1-3."""
     sub = subgroup_ring(rank, world_size, SUBGROUP_CASE) if world_size == 4 else None
-    wire = _Wire()
-    counted = [_counted_case(rank, world_size, case, wire) for case in cases]
-    return counted, bad_input_messages(rank, world_size), rank, sub
+    return attention_cases(rank, world_size, cases), bad_input_messages(rank, world_size), rank, sub
 
 
 def _cases(T, combos):
@@ -310,3 +228,15 @@ def test_a_nonfinite_value_the_mask_hides_reaches_no_output_or_gradient(results,
         got, ref = got.double().permute(0, 2, 1, 3)[where], want[name].permute(0, 2, 1, 3)[where]  # (positions, H, Dh)
         assert torch.isfinite(got).all(), f"{name}: non-finite at a position the bad entries cannot reach"
         torch.testing.assert_close(got, ref, rtol=0, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_the_wire_count_restores_torch_distributed_on_exit():
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from selfattn.distributed.wire import WireCount
+
+    before = (dist.isend, dist.batch_isend_irecv, dist.all_to_all, c10d.isend)
+    with WireCount():
+        assert dist.isend is c10d.isend and dist.isend is not before[0]  # wrapped, the same in both modules
+    assert (dist.isend, dist.batch_isend_irecv, dist.all_to_all, c10d.isend) == before

@@ -19,6 +19,7 @@ from .comm import Traffic
 from .layout import shard_sequence
 from .ring import ring_attention
 from .ulysses import ulysses_attention
+from .wire import WireCount
 
 __all__ = ["make_inputs", "attention_cases", "die_after_first_ring", "time_ring_and_ulysses", "bad_input_messages",
            "chapter_run", "subgroup_ring"]
@@ -59,14 +60,21 @@ def _run_case(rank, world_size, case):
     dout = shard_sequence(dout, world_size, layout, rank)
     kpm = None if kpm is None else shard_sequence(kpm, world_size, layout, rank, dim=-1)  # (B, T/P)
     traffic = Traffic()
-    out = METHODS[case["method"]](q, k, v, key_padding_mask=kpm, causal=case["causal"], layout=layout, traffic=traffic)
-    out.backward(dout)
-    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, "traffic": traffic.as_dict()}
+    with WireCount() as wire:  # the bytes handed to torch.distributed, counted apart from `traffic`
+        out = METHODS[case["method"]](q, k, v, key_padding_mask=kpm, causal=case["causal"], layout=layout,
+                                      traffic=traffic)
+        forward = wire.take()
+        out.backward(dout)
+        backward = wire.take()
+    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, "traffic": traffic.as_dict(),
+            "wire": {"forward": forward, "backward": backward}}
 
 
 def attention_cases(rank: int, world_size: int, cases: list) -> list:
     """Run every case (ring or Ulysses, forward and backward) on this rank; one dict per case with
-    this rank's shards "out", "dq", "dk", "dv" (B, H, T/P, Dh) and "traffic" (:meth:`Traffic.as_dict`)."""
+    this rank's shards "out", "dq", "dk", "dv" (B, H, T/P, Dh), "traffic" (:meth:`Traffic.as_dict`,
+    the module's own count) and "wire": {phase: (bytes sent, bytes received)} as
+    :class:`~selfattn.distributed.wire.WireCount` saw them at torch.distributed's entry points."""
     return [_run_case(rank, world_size, case) for case in cases]
 
 
