@@ -35,6 +35,7 @@ backward: Dao (2023), Algorithm 2.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -64,23 +65,34 @@ def ring_bytes_formula(B: int, H: int, T: int, Dh: int, P: int, element_size: in
     return {"forward": (P - 1) * (2 * block + mask), "backward": (P - 1) * (2 * block + mask) + P * 2 * acc}
 
 
-def _visible_block(q_pos, k_pos, mask_block, causal):
+@functools.lru_cache(maxsize=512)
+def _causal_part(T: int, P: int, layout: str, rank: int, src: int):
+    """The causal structure of one (query shard, key block) pair, built once per shape and reused
+    (every step of every call with the same T, P and layout asks for the same few): ``(rows, cols,
+    keep)`` on the CPU, read only. ``rows``, ``cols``: index tensors of the query rows that see some
+    key and the key columns some query sees, or None for all; ``keep``: (1, 1, rows, cols) or None
+    (all of that part visible)."""
+    q_pos, k_pos = shard_positions(T, P, layout, rank), shard_positions(T, P, layout, src)
+    seen = q_pos[:, None] >= k_pos[None, :]  # (n, n): i sees j iff pos_i >= pos_j
+    rows, cols = seen.any(dim=1).nonzero().squeeze(1), seen.any(dim=0).nonzero().squeeze(1)
+    seen = seen[rows][:, cols]  # (rows, cols): the part that has work
+    if rows.numel() == len(q_pos) and cols.numel() == len(k_pos):
+        rows = cols = None  # the whole block: no copies
+    return rows, cols, (None if bool(seen.all()) else seen[None, None])  # keep: (1, 1, rows, cols)
+
+
+def _visible_block(T, P, layout, rank, src, mask_block, causal, device):
     """Which part of one (query shard, key block) pair to compute: ``(rows, cols, keep)``.
 
     Under a causal mask only the query rows that see some key and the key columns that some query
     sees are computed (``rows``, ``cols``: index tensors, or None for all): for the zigzag layout that
     is exactly half of every block but the diagonal, so no time goes into pairs that are all hidden.
     ``keep``: the boolean keep-mask (B or 1, 1, rows, cols) of that part, or None (all visible).
-    ``rows`` of length 0: nothing to compute.
+    ``rows`` of length 0: nothing to compute. The causal part is cached (:func:`_causal_part`).
     """
     rows = cols = keep = None
     if causal:
-        seen = q_pos[:, None] >= k_pos[None, :]  # (n, n): i sees j iff pos_i >= pos_j
-        rows, cols = seen.any(dim=1).nonzero().squeeze(1), seen.any(dim=0).nonzero().squeeze(1)
-        seen = seen[rows][:, cols]  # (rows, cols): the part that has work
-        if rows.numel() == len(q_pos) and cols.numel() == len(k_pos):
-            rows = cols = None  # the whole block: no copies
-        keep = None if bool(seen.all()) else seen[None, None]  # (1, 1, rows, cols)
+        rows, cols, keep = (None if x is None else x.to(device) for x in _causal_part(T, P, layout, rank, src))
     if mask_block is not None:
         pad = (mask_block if cols is None else mask_block[:, cols])[:, None, None, :]  # (B, cols) -> (B, 1, 1, cols)
         keep = pad if keep is None else keep & pad
@@ -105,7 +117,6 @@ def _ring_forward(q, k, v, kpm, causal, layout, scale, group, traffic):
     P, r = group_size_rank(group)
     n = q.shape[2]
     nxt, prv = (r + 1) % P, (r - 1) % P
-    q_pos = shard_positions(n * P, P, layout, r).to(q.device)
     running = None
     block = [k, v] + ([kpm] if kpm is not None else [])  # what travels: keys, values, their padding
     for t in range(P):
@@ -115,8 +126,8 @@ def _ring_forward(q, k, v, kpm, causal, layout, scale, group, traffic):
             incoming = [torch.empty_like(x) for x in block]
             reqs = post_ring_exchange(block, incoming, nxt, prv, group, traffic, "forward")
         t0, c0 = time.perf_counter(), time.thread_time()
-        rows, cols, keep = _visible_block(q_pos, shard_positions(n * P, P, layout, src).to(q.device),
-                                          block[2] if kpm is not None else None, causal)
+        rows, cols, keep = _visible_block(n * P, P, layout, r, src, block[2] if kpm is not None else None,
+                                          causal, q.device)
         pairs = 0
         if (rows is None or rows.numel()) and (keep is None or bool(keep.any())):  # else skipped, not computed
             q_b, k_b, v_b = _rows(q, rows), _rows(block[0], cols), _rows(block[1], cols)  # the part with work
@@ -178,7 +189,6 @@ def _ring_backward(dout, q, k, v, kpm, out, lse, causal, layout, scale, group, t
     P, r = group_size_rank(group)
     n = q.shape[2]
     nxt, prv = (r + 1) % P, (r - 1) % P
-    q_pos = shard_positions(n * P, P, layout, r).to(q.device)
     work = torch.float32 if q.dtype in _HALF else q.dtype  # half inputs: gradients accumulate in float32
     delta = (dout.to(work) * out.to(work)).sum(dim=-1)  # (B, H, n): rowsum(dO * O)
     dq = torch.zeros_like(q, dtype=work)
@@ -191,8 +201,8 @@ def _ring_backward(dout, q, k, v, kpm, out, lse, causal, layout, scale, group, t
             incoming = [torch.empty_like(x) for x in block]
             reqs = post_ring_exchange(block, incoming, nxt, prv, group, traffic, "backward")
         t0, c0 = time.perf_counter(), time.thread_time()
-        rows, cols, keep = _visible_block(q_pos, shard_positions(n * P, P, layout, src).to(q.device),
-                                          block[2] if kpm is not None else None, causal)
+        rows, cols, keep = _visible_block(n * P, P, layout, r, src, block[2] if kpm is not None else None,
+                                          causal, q.device)
         dk_loc, dv_loc = (torch.zeros_like(x, dtype=work) for x in (k, v))  # a skipped block contributes nothing
         if (rows is None or rows.numel()) and (keep is None or bool(keep.any())):  # as in the forward pass
             dq_b, dk_b, dv_b = _block_grads(_rows(q, rows), _rows(block[0], cols), _rows(block[1], cols),
