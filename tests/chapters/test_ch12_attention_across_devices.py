@@ -1,8 +1,9 @@
 """Claims of chapter 12 (attention across devices), against independent oracles.
 
 Claim 32: ring attention over P processes equals single-device attention, forward and backward.
-Claim 33: the bytes each process sends match the formula for ring and all-to-all attention; a
-balanced layout evens the causal work across processes (measured).
+Claim 33: the bytes each process sends match the formula for ring and all-to-all attention (counted by
+the module and, apart from it, at torch.distributed's send and all-to-all functions); a balanced layout
+evens the causal work across processes (measured as the visible pairs each rank's ring computed).
 
 The distributed checks run in one group of 4 gloo processes on 127.0.0.1 (a module fixture); the
 oracle is one process: the NumPy float64 reference for the in-process merge, float64 autograd through
@@ -90,6 +91,10 @@ def test_claim_33_bytes_sent_match_the_formula_and_zigzag_balances_causal_work(r
         else:  # 4 x (P - 1)/P x B H n Dh e each way
             want = {"forward": 4 * (P - 1) * block // P + (P - 1) * mask, "backward": 4 * (P - 1) * block // P}
         assert [rk[i]["traffic"]["bytes_sent"] for rk in ranks] == [want] * P, case
+        # counted apart from the module: the tensors handed to torch.distributed's send and all-to-all functions
+        assert [{ph: rk[i]["wire"][ph][0] for ph in want} for rk in ranks] == [want] * P, case
+        for ph in want:  # what the ranks sent, the ranks received
+            assert sum(rk[i]["wire"][ph][0] for rk in ranks) == sum(rk[i]["wire"][ph][1] for rk in ranks)
     assert {"forward": 3 * 2 * 2048, "backward": 3 * 2 * 2048 + 4 * 2 * 2048} == ranks[0][0]["traffic"]["bytes_sent"]
     measured = {}
     for i, case in enumerate(CASES[:2]):  # ring, causal, no padding: contiguous, then zigzag

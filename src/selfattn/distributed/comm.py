@@ -13,17 +13,32 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["Traffic", "StepRecord", "nbytes", "PUBLISHED_LINKS"]
+__all__ = ["Traffic", "StepRecord", "nbytes", "Link", "PUBLISHED_LINKS"]
 
-# Published interconnect bandwidths, bytes/s, both directions together as the datasheet counts them
-# (a ring sends one way, so it can use half). Source: NVIDIA H100 Tensor Core GPU datasheet (2022).
+class Link(NamedTuple):
+    """A published interconnect and the GPU it serves: ``both_ways`` bytes/s (both directions together,
+    as the datasheets count them; a ring sends one way, so it can use half), ``gpu_flops`` the dense
+    bfloat16 Tensor Core FLOP/s of that GPU, and where the figures come from."""
+
+    gpu: str
+    both_ways: float
+    gpu_flops: float
+    source: str
+
+
+# Each bandwidth with the GPU it belongs to. Sources: NVIDIA H100 Tensor Core GPU datasheet (2022):
+# H100 SXM 989 TFLOP/s dense BF16 (1,979 with sparsity), NVLink 900 GB/s; H100 PCIe 756 TFLOP/s dense
+# BF16 (1,513 with sparsity), PCIe Gen5 128 GB/s. NVIDIA ConnectX-7 adapter cards user manual: one
+# NDR InfiniBand port at 400 Gb/s = 50 GB/s each way (a DGX H100 has one such port per GPU).
 PUBLISHED_LINKS = {
-    "NVLink 4 (H100 SXM)": 900e9,
-    "PCIe Gen5 (H100 PCIe)": 128e9,
+    "NVLink 4": Link("H100 SXM", 900e9, 989e12, "NVIDIA H100 datasheet"),
+    "PCIe Gen5": Link("H100 PCIe", 128e9, 756e12, "NVIDIA H100 datasheet"),
+    "InfiniBand NDR, between nodes": Link("H100 SXM", 2 * 400e9 / 8, 989e12, "NVIDIA ConnectX-7 user manual"),
 }
 
 PHASES = ("forward", "backward")

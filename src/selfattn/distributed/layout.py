@@ -6,9 +6,10 @@ Two layouts of a sequence of T positions over P ranks:
   rank's queries see every key and the first rank's only its own block: the work is uneven.
 - ``"zigzag"``: the sequence is cut into 2P chunks of T/(2P) positions; rank r holds chunks r and
   2P-1-r (one early, one late), concatenated in that order. Every rank then has the same number of
-  visible query-key pairs (:func:`causal_work`), the layout of Liu et al.'s follow-up implementations
-  of ring attention and of Llama 3's context parallelism (Dubey et al. 2024, section 3.3.2; Brandon et al. 2023 balance the
-  same work by striping single positions instead).
+  visible query-key pairs (:func:`causal_work`). It is the load-balanced chunking of Llama 3's
+  context parallelism (Dubey et al. 2024, "The Llama 3 Herd of Models", section 3.3.2), though
+  Llama 3 gathers the keys and values with an all-gather rather than passing them around a ring;
+  Brandon et al. (2023, striped attention) balance the same work by striping single positions instead.
 
 Source: chapter 12.
 """

@@ -21,8 +21,13 @@ Bytes sent per rank (e = element size, n = T/P, one tensor of a block = B H n Dh
 
 - forward: ``(P - 1) x 2 x B x H x n x Dh x e`` (K and V, P - 1 hops), plus ``(P - 1) x B x n`` for a
   key-padding mask (one byte per position, travelling with its keys);
-- backward: ``(P - 1) x 2 x B x H x n x Dh x e`` (K and V again) ``+ P x 2 x B x H x n x Dh x e`` (dK and
-  dV, P hops: the last brings them home), plus ``(P - 1) x B x n`` for a mask; nothing when P = 1.
+- backward: ``(P - 1) x 2 x B x H x n x Dh x e`` (K and V again) ``+ P x 2 x B x H x n x Dh x a`` (dK and
+  dV, P hops: the last brings them home; ``a = e``, except ``a = 4`` for float16/bfloat16, whose
+  accumulators travel in float32 so that P additions do not round P times), plus ``(P - 1) x B x n``
+  for a mask; nothing when P = 1.
+
+For float16/bfloat16 the scores, softmax and gradient products are computed in float32 (as chapter
+11's partials), and the gradients are rounded to the inputs' dtype once, at the end.
 
 Source: chapter 12; Liu et al. (2023); the merge: chapter 11, Milakov and Gimelshein (2018); the
 backward: Dao (2023), Algorithm 2.
@@ -30,11 +35,13 @@ backward: Dao (2023), Algorithm 2.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 
 import torch
 
+from ..attention import _seen_matmul, _zero_unseen
 from ..inference.split_kv import Partial, finalize, merge_partials, partial_attention
 from ._checks import check_shards, group_size_rank
 from .comm import StepRecord, Traffic, post_ring_exchange, wait_all
@@ -42,33 +49,50 @@ from .layout import shard_positions
 
 __all__ = ["ring_attention", "ring_bytes_formula"]
 
+_HALF = (torch.float16, torch.bfloat16)
+
 
 def ring_bytes_formula(B: int, H: int, T: int, Dh: int, P: int, element_size: int,
                        key_padding_mask: bool = False) -> dict:
-    """``{"forward": bytes, "backward": bytes}`` one rank sends in :func:`ring_attention` (see the module)."""
+    """``{"forward": bytes, "backward": bytes}`` one rank sends in :func:`ring_attention` (see the module).
+
+    ``element_size``: bytes per element of q, k, v; 2 (float16/bfloat16) makes the travelling dK, dV
+    accumulators 4 bytes per element (float32)."""
     if P == 1:
         return {"forward": 0, "backward": 0}
     block, mask = B * H * (T // P) * Dh * element_size, (B * (T // P) if key_padding_mask else 0)
-    return {"forward": (P - 1) * (2 * block + mask), "backward": (P - 1) * (2 * block + mask) + P * 2 * block}
+    acc = B * H * (T // P) * Dh * (4 if element_size == 2 else element_size)  # one of dK, dV
+    return {"forward": (P - 1) * (2 * block + mask), "backward": (P - 1) * (2 * block + mask) + P * 2 * acc}
 
 
-def _visible_block(q_pos, k_pos, mask_block, causal):
+@functools.lru_cache(maxsize=512)
+def _causal_part(T: int, P: int, layout: str, rank: int, src: int):
+    """The causal structure of one (query shard, key block) pair, built once per shape and reused
+    (every step of every call with the same T, P and layout asks for the same few): ``(rows, cols,
+    keep)`` on the CPU, read only. ``rows``, ``cols``: index tensors of the query rows that see some
+    key and the key columns some query sees, or None for all; ``keep``: (1, 1, rows, cols) or None
+    (all of that part visible)."""
+    q_pos, k_pos = shard_positions(T, P, layout, rank), shard_positions(T, P, layout, src)
+    seen = q_pos[:, None] >= k_pos[None, :]  # (n, n): i sees j iff pos_i >= pos_j
+    rows, cols = seen.any(dim=1).nonzero().squeeze(1), seen.any(dim=0).nonzero().squeeze(1)
+    seen = seen[rows][:, cols]  # (rows, cols): the part that has work
+    if rows.numel() == len(q_pos) and cols.numel() == len(k_pos):
+        rows = cols = None  # the whole block: no copies
+    return rows, cols, (None if bool(seen.all()) else seen[None, None])  # keep: (1, 1, rows, cols)
+
+
+def _visible_block(T, P, layout, rank, src, mask_block, causal, device):
     """Which part of one (query shard, key block) pair to compute: ``(rows, cols, keep)``.
 
     Under a causal mask only the query rows that see some key and the key columns that some query
     sees are computed (``rows``, ``cols``: index tensors, or None for all): for the zigzag layout that
     is exactly half of every block but the diagonal, so no time goes into pairs that are all hidden.
     ``keep``: the boolean keep-mask (B or 1, 1, rows, cols) of that part, or None (all visible).
-    ``rows`` of length 0: nothing to compute.
+    ``rows`` of length 0: nothing to compute. The causal part is cached (:func:`_causal_part`).
     """
     rows = cols = keep = None
     if causal:
-        seen = q_pos[:, None] >= k_pos[None, :]  # (n, n): i sees j iff pos_i >= pos_j
-        rows, cols = seen.any(dim=1).nonzero().squeeze(1), seen.any(dim=0).nonzero().squeeze(1)
-        seen = seen[rows][:, cols]  # (rows, cols): the part that has work
-        if rows.numel() == len(q_pos) and cols.numel() == len(k_pos):
-            rows = cols = None  # the whole block: no copies
-        keep = None if bool(seen.all()) else seen[None, None]  # (1, 1, rows, cols)
+        rows, cols, keep = (None if x is None else x.to(device) for x in _causal_part(T, P, layout, rank, src))
     if mask_block is not None:
         pad = (mask_block if cols is None else mask_block[:, cols])[:, None, None, :]  # (B, cols) -> (B, 1, 1, cols)
         keep = pad if keep is None else keep & pad
@@ -93,7 +117,6 @@ def _ring_forward(q, k, v, kpm, causal, layout, scale, group, traffic):
     P, r = group_size_rank(group)
     n = q.shape[2]
     nxt, prv = (r + 1) % P, (r - 1) % P
-    q_pos = shard_positions(n * P, P, layout, r).to(q.device)
     running = None
     block = [k, v] + ([kpm] if kpm is not None else [])  # what travels: keys, values, their padding
     for t in range(P):
@@ -103,8 +126,8 @@ def _ring_forward(q, k, v, kpm, causal, layout, scale, group, traffic):
             incoming = [torch.empty_like(x) for x in block]
             reqs = post_ring_exchange(block, incoming, nxt, prv, group, traffic, "forward")
         t0, c0 = time.perf_counter(), time.thread_time()
-        rows, cols, keep = _visible_block(q_pos, shard_positions(n * P, P, layout, src).to(q.device),
-                                          block[2] if kpm is not None else None, causal)
+        rows, cols, keep = _visible_block(n * P, P, layout, r, src, block[2] if kpm is not None else None,
+                                          causal, q.device)
         pairs = 0
         if (rows is None or rows.numel()) and (keep is None or bool(keep.any())):  # else skipped, not computed
             q_b, k_b, v_b = _rows(q, rows), _rows(block[0], cols), _rows(block[1], cols)  # the part with work
@@ -126,8 +149,27 @@ def _ring_forward(q, k, v, kpm, causal, layout, scale, group, traffic):
     return context.to(q.dtype), lse
 
 
+def _seen_product(a, b, keep):
+    """``a @ b`` (a: (..., rows, cols), b: (..., cols, D)) in which a non-finite entry of ``b`` reaches
+    only the rows that may see it. 0 * NaN = NaN, so a NaN stored in b[j] would otherwise reach every
+    row i, even one whose pair (i, j) the mask hides (a[i, j] = 0). ``keep`` (..., rows, cols) or None."""
+    if keep is None or bool(torch.isfinite(b).all()):
+        return a @ b  # the common case: one product
+    return _seen_matmul(a, b, keep)  # the finite entries for the rows that may not see the others
+
+
 def _block_grads(q, k, v, dout, lse, delta, keep, scale):
-    """Dao (2023) Algorithm 2 for one (query rows, key columns) part of a block: (dq, dk, dv) contributions."""
+    """Dao (2023) Algorithm 2 for one (query rows, key columns) part of a block: (dq, dk, dv) contributions.
+
+    In float32 for float16/bfloat16 inputs (as the forward's partials; ``lse`` and ``delta`` are
+    float32 then), else in the inputs' dtype; the contributions come back in that compute dtype.
+    A NaN or inf stored at a key, value or query the mask hides from a pair reaches no gradient
+    through that pair: unseen keys, values and queries are zeroed, ``ds`` is zero where the mask hides
+    a pair, and the products with a partly seen non-finite row use only the rows that see it."""
+    if q.dtype in _HALF:  # scores, exponentials and products in float32
+        q, k, v, dout = q.float(), k.float(), v.float(), dout.float()
+    if keep is not None:
+        q, k, v = _zero_unseen(q, k, v, keep)  # keys no query sees, queries that see no key: zero
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, n, Dh) @ (B, H, Dh, n) -> (B, H, n, n)
     lse_safe = torch.where(torch.isfinite(lse), lse, 0.0)[..., None]  # a row that saw nothing: weights 0
     weights = torch.exp(scores - lse_safe)  # P = exp(S - L), recomputed, never stored
@@ -136,8 +178,10 @@ def _block_grads(q, k, v, dout, lse, delta, keep, scale):
     dv = weights.transpose(-2, -1) @ dout  # dV += P^T dO: (B, H, n, n) @ (B, H, n, Dh)
     dp = dout @ v.transpose(-2, -1)  # dP = dO V^T: (B, H, n, Dh) @ (B, H, Dh, n) -> (B, H, n, n)
     ds = weights * (dp - delta[..., None])  # dS = P * (dP - rowsum(dO * O))
-    dq = (ds @ k) * scale  # dQ += dS K scale: (B, H, n, n) @ (B, H, n, Dh)
-    dk = (ds.transpose(-2, -1) @ q) * scale  # dK += dS^T Q scale
+    if keep is not None:
+        ds = torch.where(keep, ds, 0.0)  # a hidden pair has no gradient, whatever dp holds there
+    dq = _seen_product(ds, k, keep) * scale  # dQ += dS K scale: (B, H, n, n) @ (B, H, n, Dh)
+    dk = _seen_product(ds.transpose(-2, -1), q, None if keep is None else keep.transpose(-2, -1)) * scale  # dK += dS^T Q
     return dq, dk, dv
 
 
@@ -145,9 +189,9 @@ def _ring_backward(dout, q, k, v, kpm, out, lse, causal, layout, scale, group, t
     P, r = group_size_rank(group)
     n = q.shape[2]
     nxt, prv = (r + 1) % P, (r - 1) % P
-    q_pos = shard_positions(n * P, P, layout, r).to(q.device)
-    delta = (dout * out).sum(dim=-1)  # (B, H, n): rowsum(dO * O)
-    dq = torch.zeros_like(q)
+    work = torch.float32 if q.dtype in _HALF else q.dtype  # half inputs: gradients accumulate in float32
+    delta = (dout.to(work) * out.to(work)).sum(dim=-1)  # (B, H, n): rowsum(dO * O)
+    dq = torch.zeros_like(q, dtype=work)
     block = [k, v] + ([kpm] if kpm is not None else [])
     acc_in, acc_reqs = None, []  # the accumulators of the block now held, arriving from rank r - 1
     for t in range(P):
@@ -157,9 +201,9 @@ def _ring_backward(dout, q, k, v, kpm, out, lse, causal, layout, scale, group, t
             incoming = [torch.empty_like(x) for x in block]
             reqs = post_ring_exchange(block, incoming, nxt, prv, group, traffic, "backward")
         t0, c0 = time.perf_counter(), time.thread_time()
-        rows, cols, keep = _visible_block(q_pos, shard_positions(n * P, P, layout, src).to(q.device),
-                                          block[2] if kpm is not None else None, causal)
-        dk_loc, dv_loc = torch.zeros_like(k), torch.zeros_like(v)  # a skipped block contributes nothing
+        rows, cols, keep = _visible_block(n * P, P, layout, r, src, block[2] if kpm is not None else None,
+                                          causal, q.device)
+        dk_loc, dv_loc = (torch.zeros_like(x, dtype=work) for x in (k, v))  # a skipped block contributes nothing
         if (rows is None or rows.numel()) and (keep is None or bool(keep.any())):  # as in the forward pass
             dq_b, dk_b, dv_b = _block_grads(_rows(q, rows), _rows(block[0], cols), _rows(block[1], cols),
                                             _rows(dout, rows), lse if rows is None else lse[:, :, rows],
@@ -180,9 +224,11 @@ def _ring_backward(dout, q, k, v, kpm, out, lse, causal, layout, scale, group, t
             traffic.steps.append(StepRecord("backward", t, sent, compute_s, wait_s, compute_cpu_s=compute_cpu_s))
         block = incoming
     if P == 1:
-        return dq, acc[0], acc[1]
-    wait_all(acc_reqs)
-    return dq, acc_in[0], acc_in[1]  # this rank's own dK, dV, home after the full circle
+        dk, dv = acc
+    else:
+        wait_all(acc_reqs)
+        dk, dv = acc_in  # this rank's own dK, dV, home after the full circle
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)  # rounded to the inputs' dtype once, at the end
 
 
 class _RingAttention(torch.autograd.Function):

@@ -19,6 +19,7 @@ from .comm import Traffic
 from .layout import shard_sequence
 from .ring import ring_attention
 from .ulysses import ulysses_attention
+from .wire import WireCount
 
 __all__ = ["make_inputs", "attention_cases", "die_after_first_ring", "time_ring_and_ulysses", "bad_input_messages",
            "chapter_run", "subgroup_ring"]
@@ -31,11 +32,17 @@ def make_inputs(case: dict):
     mask (B, T) or None, from ``case`` = {"B", "H", "T", "Dh", "seed", "padding", optional "dtype"}.
 
     The padding hides positions 0 and the last three of every row (under a causal mask query 0 then
-    sees only padding: a zero row) and, when B > 1, all of row 1 (every query of it sees nothing)."""
+    sees only padding: a zero row) and, when B > 1, all of row 1 (every query of it sees nothing).
+    An optional ``case["nonfinite"]``, a list of ``(name, position, value)`` with name "q", "k" or "v",
+    stores ``value`` (NaN, inf, -inf) at that position of that tensor, every batch row and head: the
+    house rule's test that a value the mask hides reaches nothing."""
     g = torch.Generator().manual_seed(case["seed"])
     B, H, T, Dh = case["B"], case["H"], case["T"], case["Dh"]
     dtype = case.get("dtype", torch.float64)
     q, k, v, dout = (torch.randn(B, H, T, Dh, generator=g, dtype=torch.float64).to(dtype) for _ in range(4))
+    for name, position, value in case.get("nonfinite", ()):
+        x = {"q": q, "k": k, "v": v}[name]
+        x[:, :, position] = value  # (B, H, Dh) entries of that position
     kpm = None
     if case.get("padding", False):
         kpm = torch.ones(B, T, dtype=torch.bool)
@@ -53,14 +60,21 @@ def _run_case(rank, world_size, case):
     dout = shard_sequence(dout, world_size, layout, rank)
     kpm = None if kpm is None else shard_sequence(kpm, world_size, layout, rank, dim=-1)  # (B, T/P)
     traffic = Traffic()
-    out = METHODS[case["method"]](q, k, v, key_padding_mask=kpm, causal=case["causal"], layout=layout, traffic=traffic)
-    out.backward(dout)
-    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, "traffic": traffic.as_dict()}
+    with WireCount() as wire:  # the bytes handed to torch.distributed, counted apart from `traffic`
+        out = METHODS[case["method"]](q, k, v, key_padding_mask=kpm, causal=case["causal"], layout=layout,
+                                      traffic=traffic)
+        forward = wire.take()
+        out.backward(dout)
+        backward = wire.take()
+    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, "traffic": traffic.as_dict(),
+            "wire": {"forward": forward, "backward": backward}}
 
 
 def attention_cases(rank: int, world_size: int, cases: list) -> list:
     """Run every case (ring or Ulysses, forward and backward) on this rank; one dict per case with
-    this rank's shards "out", "dq", "dk", "dv" (B, H, T/P, Dh) and "traffic" (:meth:`Traffic.as_dict`)."""
+    this rank's shards "out", "dq", "dk", "dv" (B, H, T/P, Dh), "traffic" (:meth:`Traffic.as_dict`,
+    the module's own count) and "wire": {phase: (bytes sent, bytes received)} as
+    :class:`~selfattn.distributed.wire.WireCount` saw them at torch.distributed's entry points."""
     return [_run_case(rank, world_size, case) for case in cases]
 
 
