@@ -131,3 +131,22 @@ def test_flash_block_sizes_follow_algorithm_1():
     assert flash_block_sizes(64 * 2**10, 64, element_size=2) == (128, 64)
     with pytest.raises(ValueError, match="need at least 4 \\* d_head = 256"):
         flash_block_sizes(1000, 64)
+
+
+def test_inputs_must_be_a_dict_of_separate_storages_with_free_names():
+    qkv = torch.zeros(4, 6)
+    q, k, _ = qkv.split(2, dim=-1)
+    with pytest.raises(ValueError, match="inputs must be a dict"):
+        count_traffic(lambda: None, fast_memory=64, inputs=[q])
+    with pytest.raises(ValueError, match=r"inputs\['K'\] shares its storage with inputs\['Q'\]"):
+        count_traffic(lambda: None, fast_memory=64, inputs={"Q": q, "K": k})
+    with pytest.raises(ValueError, match="may not be named 'output'"):
+        count_traffic(lambda: None, fast_memory=64, inputs={"output": q})
+
+
+@pytest.mark.parametrize("kwargs", [{"d_head": -4}, {"d_head": 0}, {"element_size": 0}, {"element_size": -4},
+                                    {"fast_memory": 65536.5}, {"fast_memory": True}])
+def test_flash_block_sizes_refuses_bad_arguments(kwargs):
+    args = {"fast_memory": 65536, "d_head": 64, **kwargs}
+    with pytest.raises(ValueError, match="must be a positive int"):
+        flash_block_sizes(**args)

@@ -251,3 +251,22 @@ def test_linear_attention_chunkwise_half_precision_is_computed_in_float32():
     assert got.dtype == torch.float16 and torch.isfinite(got).all()
     want = linear_attention_chunkwise(q.half().float(), k.half().float(), v.half().float(), 16)
     torch.testing.assert_close(got.float(), want, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("where", ["v", "k"])
+def test_causal_linear_attention_keeps_a_later_nan_out_of_earlier_rows(where):
+    """A NaN or inf stored at position 10 reaches rows 10 and 11 only, in all three causal forms (the
+    mask used to be applied by multiplying by 0, and 0 * NaN = NaN reached every row)."""
+    from selfattn.efficient.variants import linear_attention_chunkwise, linear_attention_recurrent
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 12, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    clean = linear_attention(q, k, v, causal=True)
+    bad = {"v": v.clone(), "k": k.clone()}
+    bad[where][..., 10, :] = float("nan") if where == "v" else float("inf")
+    kk, vv = (bad["k"], bad["v"])
+    for out in (linear_attention(q, kk, vv, causal=True), linear_attention_chunkwise(q, kk, vv, 4),
+                linear_attention_recurrent(q, kk, vv)):
+        assert torch.isfinite(out[..., :10, :]).all()
+        torch.testing.assert_close(out[..., :10, :], clean[..., :10, :], atol=1e-12, rtol=0)
+        assert not torch.isfinite(out[..., 10:, :]).all()

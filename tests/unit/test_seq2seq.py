@@ -120,3 +120,13 @@ def test_training_is_deterministic_and_restores_the_thread_count():
     assert len(first.losses) == 4 and all(math.isfinite(v) for v in first.losses)
     assert first.losses == second.losses and first.exact_match == second.exact_match
     assert train_reversal(config, seed=1, steps=2).losses == first.losses[:2]
+
+
+def test_config_refuses_more_held_out_strings_than_half_of_all():
+    """Length 2 has 100 strings: holding out 1000 (or all 100) left none to train on, and the sampler,
+    which redraws held-out strings, looped for ever."""
+    from selfattn.models.seq2seq import Seq2SeqConfig
+
+    with pytest.raises(ValueError, match="n_eval must be at most half of the 100 strings of length 2"):
+        Seq2SeqConfig(length=2, n_eval=1000)
+    Seq2SeqConfig(length=2, n_eval=50)

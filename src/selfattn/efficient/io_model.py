@@ -158,14 +158,24 @@ def count_traffic(fn, *, fast_memory: int, inputs: dict[str, torch.Tensor]) -> t
     most ``fast_memory`` bytes each are free to move, so code that keeps many of them alive at once,
     more than the fast memory holds, would otherwise be counted as moving almost nothing.)
 
-    Raises ``ValueError`` if ``fast_memory`` is not a positive integer or an input is not a tensor.
+    Raises ``ValueError`` if ``fast_memory`` is not a positive integer, ``inputs`` is not a dict of
+    tensors, two inputs share one storage, or an input is named ``"output"`` or ``"intermediate"``.
     Source: the IO model of Dao et al. (2022), Section 3.2 and Theorem 2; introduced in chapter 10.
     """
     if isinstance(fast_memory, bool) or not isinstance(fast_memory, int) or fast_memory <= 0:
         raise ValueError(f"fast_memory must be a positive number of bytes, got {fast_memory!r}")
+    if not isinstance(inputs, dict):
+        raise ValueError(f"inputs must be a dict of name -> tensor, got {type(inputs).__name__}")
+    storages = {}
     for name, t in inputs.items():
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"inputs[{name!r}] must be a torch.Tensor, got {type(t).__name__}")
+        if name in ("output", "intermediate"):
+            raise ValueError(f"inputs may not be named {name!r}: the counter uses that name for its own storages")
+        other = storages.setdefault(t.untyped_storage().data_ptr(), name)
+        if other != name:  # views of one storage (q, k, v split from one qkv) cannot be told apart
+            raise ValueError(f"inputs[{name!r}] shares its storage with inputs[{other!r}]: pass separate tensors "
+                             "(e.g. .contiguous() copies of the views)")
     mode = _TrafficMode(fast_memory)
     named = {mode.serial(t): name for name, t in inputs.items()}  # serials before the run: inputs first
     with mode:
@@ -194,9 +204,12 @@ def flash_block_sizes(fast_memory: int, d_head: int, element_size: int = 4) -> t
     outside and key blocks inside (FlashAttention-2's order), so the query block is the large one: it
     decides how many times the keys and values are read, ``ceil(T / block_q)``.
 
-    Raises ``ValueError`` unless ``fast_memory`` holds at least the four rows of ``d_head`` numbers.
-    Introduced in chapter 10.
+    Raises ``ValueError`` for an argument that is not a positive int, or unless ``fast_memory`` holds at
+    least the four rows of ``d_head`` numbers. Introduced in chapter 10.
     """
+    for name, value in (("fast_memory", fast_memory), ("d_head", d_head), ("element_size", element_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
     numbers = fast_memory // element_size
     if numbers < 4 * d_head:
         raise ValueError(f"fast_memory={fast_memory} bytes holds {numbers} numbers; tiles of d_head={d_head} "

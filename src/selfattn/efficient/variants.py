@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .._validate import require_attention_tensors, require_flag, require_positive_int, shape_of
-from ..attention import scaled_dot_product_attention
+from ..attention import _seen_matmul, scaled_dot_product_attention
 from .tiled import (
     WINDOW_BLOCK_K,
     WINDOW_BLOCK_Q,
@@ -135,6 +135,15 @@ def _linear_inputs(q, k, v, eps):
     return q.to(work), k.to(work), v.to(work), float(eps), q.dtype
 
 
+def _masked_similarity_times_values(phi_q, phi_k, v, keep):
+    """``(sim, sim @ v)`` with ``sim = phi_q phi_k^T`` set to 0 where ``keep`` hides a pair, so that a NaN
+    or inf stored at a later key or value reaches only the rows that may see it (``x * 0`` would keep a
+    NaN, and ``0 @ NaN`` is NaN). Shapes: (..., T, Dh), (..., S, Dh), (..., S, Dv), keep (T, S)."""
+    sim = torch.where(keep, phi_q @ phi_k.transpose(-2, -1), 0.0)  # (..., T, Dh) @ (..., Dh, S) -> (..., T, S)
+    product = sim @ v if bool(torch.isfinite(v).all()) else _seen_matmul(sim, v, keep)  # (..., T, Dv)
+    return sim, product
+
+
 def linear_attention(q, k, v, feature_map="elu+1", causal: bool = False, *, eps: float = 1e-6):
     """Linear attention in its parallel form (Katharopoulos et al. 2020, eqs. 5-6 and 8-9).
 
@@ -166,8 +175,8 @@ def linear_attention(q, k, v, feature_map="elu+1", causal: bool = False, *, eps:
         _require_self_attention(q, k, "causal linear attention")
         T = q.shape[-2]
         keep = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (T, T)
-        sim = (phi_q @ phi_k.transpose(-2, -1)) * keep  # (..., T, Dh) @ (..., Dh, T) -> (..., T, T)
-        out = (sim @ v) / (sim.sum(dim=-1, keepdim=True) + eps)  # (..., T, T) @ (..., T, Dv) -> (..., T, Dv)
+        sim, numerator = _masked_similarity_times_values(phi_q, phi_k, v, keep)  # (..., T, T), (..., T, Dv)
+        out = numerator / (sim.sum(dim=-1, keepdim=True) + eps)
         return out.to(dtype)
     kv = phi_k.transpose(-2, -1) @ v  # (..., Dh, S) @ (..., S, Dv) -> (..., Dh, Dv)
     normalizer = phi_q @ phi_k.sum(dim=-2)[..., None]  # (..., T, Dh) @ (..., Dh, 1) -> (..., T, 1)
@@ -252,8 +261,8 @@ def linear_attention_chunkwise(q, k, v, chunk_size: int, feature_map="elu+1", *,
         pq, pk, vc = (x[..., lo:lo + chunk_size, :] for x in (phi_q, phi_k, v))  # (..., C, .)
         C = pq.shape[-2]
         keep = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()  # (C, C): causal inside
-        sim = (pq @ pk.transpose(-2, -1)) * keep  # (..., C, Dh) @ (..., Dh, C) -> (..., C, C)
-        numerator = sim @ vc + pq @ state  # (..., C, C) @ (..., C, Dv) + (..., C, Dh) @ (..., Dh, Dv)
+        sim, inside = _masked_similarity_times_values(pq, pk, vc, keep)  # (..., C, C), (..., C, Dv)
+        numerator = inside + pq @ state  # + (..., C, Dh) @ (..., Dh, Dv): the earlier chunks
         denominator = sim.sum(dim=-1, keepdim=True) + pq @ z  # (..., C, 1) + (..., C, Dh) @ (..., Dh, 1)
         outs.append(numerator / (denominator + eps))
         # Carry this chunk's keys and values to every later chunk: one update per chunk, not per position.

@@ -78,6 +78,10 @@ class Seq2SeqConfig:
             require_positive_int(name, getattr(self, name))
         if self.length < 2:
             raise ValueError(f"length must be >= 2 (a reversal of one digit is the identity); got {self.length}")
+        if 2 * self.n_eval > N_DIGITS**self.length:  # else the training sampler, which redraws held-out
+            # strings, would find few (or no) strings left to train on, and could loop for ever
+            raise ValueError(f"n_eval must be at most half of the {N_DIGITS**self.length} strings of length "
+                             f"{self.length}; got n_eval={self.n_eval}")
         BlockConfig(self.d_model, self.n_heads, self.d_ff)  # validates d_model, n_heads, d_ff
         if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a finite number > 0; got {self.lr!r}")

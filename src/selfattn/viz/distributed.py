@@ -15,6 +15,7 @@ Source: chapter 12; Liu et al. 2023 (ring attention).
 from __future__ import annotations
 
 import numpy as np
+import plotly.colors
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -23,10 +24,11 @@ from . import describe
 
 __all__ = ["ring_schedule", "ring_schedule_figure", "causal_work_figure"]
 
-# Okabe-Ito: computing now (all pairs / some pairs), skipped now, computed earlier, skipped earlier
+# Five stops of Viridis, in its order (readable in grayscale and by colour-blind readers): computing
+# now (all pairs / some pairs), skipped now, computed earlier, skipped earlier
 STATES = ("computing: every pair visible", "computing: some pairs visible", "skipped: no pair visible",
           "computed at an earlier step", "skipped at an earlier step")
-_STATE_COLOURS = ("#0072B2", "#56B4E9", "#D55E00", "#009E73", "#E69F00")
+_STATE_COLOURS = tuple(plotly.colors.sequential.Viridis[i] for i in (0, 2, 5, 7, 9))
 _STEP = {"mode": "immediate", "frame": {"duration": 0, "redraw": True}, "transition": {"duration": 0}}
 
 
@@ -102,20 +104,22 @@ def ring_schedule_figure(T: int = 16, P: int = 4, causal: bool = True) -> go.Fig
 
     Source: Liu et al. 2023 (the ring); chapter 12.
     """
-    fig = make_subplots(rows=1, cols=2, subplot_titles=[f"{lay} layout" for lay in LAYOUTS], horizontal_spacing=0.22)
+    # One panel above the other, so that each panel's row labels have the full width (a phone's too).
+    fig = make_subplots(rows=2, cols=1, subplot_titles=[f"{lay} layout" for lay in LAYOUTS], vertical_spacing=0.16)
     for i, lay in enumerate(LAYOUTS):
-        fig.add_trace(_grid(T, P, lay, causal, 0), row=1, col=i + 1)
+        fig.add_trace(_grid(T, P, lay, causal, 0), row=i + 1, col=1)
     for state, colour in zip(STATES, _STATE_COLOURS, strict=True):  # a legend for the heatmaps' colours
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=state,
                                  marker={"color": colour, "size": 12, "symbol": "square"}), row=1, col=1)
     fig.frames = [go.Frame(data=[_grid(T, P, lay, causal, t) for lay in LAYOUTS], name=str(t), traces=[0, 1])
                   for t in range(P)]
+    # The legend above the panels, the slider below them: neither covers the other at any width.
     fig.update_layout(
-        title=f"The ring, step by step: T = {T} positions on P = {P} ranks" + (", causal" if causal else ""),
-        template="plotly_white", height=520, autosize=True, margin={"t": 110, "l": 150},
-        legend={"orientation": "h", "y": -0.12}, xaxis={"side": "top"}, xaxis2={"side": "top"},
+        title={"text": f"The ring, step by step (T = {T}, P = {P}" + (", causal)" if causal else ")"), "y": 0.98},
+        template="plotly_white", height=760, autosize=True, margin={"t": 170, "l": 150, "b": 110},
+        legend={"orientation": "h", "x": 0, "y": 1.07, "yanchor": "bottom"},
         yaxis={"autorange": "reversed"}, yaxis2={"autorange": "reversed"},
-        sliders=[{"active": 0, "currentvalue": {"prefix": "step: "}, "pad": {"t": 60},
+        sliders=[{"active": 0, "currentvalue": {"prefix": "step: "}, "y": 0, "yanchor": "top", "pad": {"t": 40},
                   "steps": [{"label": str(t), "method": "animate", "args": [[str(t)], _STEP]} for t in range(P)]}])
     parts = []
     for lay in LAYOUTS:
