@@ -108,16 +108,17 @@ def ring_schedule_figure(T: int = 16, P: int = 4, causal: bool = True) -> go.Fig
     fig = make_subplots(rows=2, cols=1, subplot_titles=[f"{lay} layout" for lay in LAYOUTS], vertical_spacing=0.16)
     for i, lay in enumerate(LAYOUTS):
         fig.add_trace(_grid(T, P, lay, causal, 0), row=i + 1, col=1)
-    for state, colour in zip(STATES, _STATE_COLOURS, strict=True):  # a legend for the heatmaps' colours
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=state,
-                                 marker={"color": colour, "size": 12, "symbol": "square"}), row=1, col=1)
+    # The key to the colours as text (a legend's coloured markers would not be drawn from one colour
+    # scale), a line per state, darkest first; each cell's hover text names its state too.
+    names = ("darkest", "dark blue", "teal", "green", "yellow")
+    fig.add_annotation(text="<br>".join(f"{n}: {st}" for n, st in zip(names, STATES, strict=True)), showarrow=False,
+                       xref="paper", yref="paper", x=0, y=1.04, xanchor="left", yanchor="bottom", align="left")
     fig.frames = [go.Frame(data=[_grid(T, P, lay, causal, t) for lay in LAYOUTS], name=str(t), traces=[0, 1])
                   for t in range(P)]
-    # The legend above the panels, the slider below them: neither covers the other at any width.
+    # The key above the panels, the slider below them: neither covers the other at any width.
     fig.update_layout(
         title={"text": f"The ring, step by step (T = {T}, P = {P}" + (", causal)" if causal else ")"), "y": 0.98},
         template="plotly_white", height=760, autosize=True, margin={"t": 170, "l": 150, "b": 110},
-        legend={"orientation": "h", "x": 0, "y": 1.07, "yanchor": "bottom"},
         yaxis={"autorange": "reversed"}, yaxis2={"autorange": "reversed"},
         sliders=[{"active": 0, "currentvalue": {"prefix": "step: "}, "y": 0, "yanchor": "top", "pad": {"t": 40},
                   "steps": [{"label": str(t), "method": "animate", "args": [[str(t)], _STEP]} for t in range(P)]}])
