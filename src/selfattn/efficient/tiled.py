@@ -32,6 +32,7 @@ from .._validate import (
     require_tensor,
 )
 from ..attention import _seen_matmul
+from . import head_groups
 
 __all__ = ["Visibility", "tiled_attention", "pick_forward", "DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_K",
            "WINDOW_BLOCK_Q", "WINDOW_BLOCK_K"]
@@ -328,16 +329,17 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
 
 @torch.no_grad()
 def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, block_k: int,
-                         *, reverse_key_tiles: bool = False, bias=None):
+                         *, reverse_key_tiles: bool = False, bias=None, out=None):
     """:func:`tiled_forward_torch`, returning ``(out, m2, log2_l)``: the base-2 log-sum-exp
     ``lse * log2 e = m2 + log2_l`` in the two parts that the backward needs exactly as computed here,
     the row maximum ``m2`` of the base-2 scores (``-inf`` for a query that sees no key) and
-    ``log2_l`` (0 for such a query)."""
+    ``log2_l`` (0 for such a query). ``out``: None, or a contiguous (BH, T, Dv) tensor of the dtype
+    of ``q`` to write the output into (the head groups of :mod:`.head_groups` write into one output)."""
     T, S, Dh, Dv, lead = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.shape[:-2]
     work, dev = _work_dtype(q.dtype), q.device
     BH = math.prod(lead)
     q3 = q.reshape(BH, T, Dh)  # (..., T, Dh) -> (BH, T, Dh): one batch axis for bmm (BH or T may be 0)
-    out = torch.empty(BH, T, Dv, dtype=q.dtype, device=dev)
+    out = torch.empty(BH, T, Dv, dtype=q.dtype, device=dev) if out is None else out.view(BH, T, Dv)
     row_max = torch.empty(BH, T, dtype=work, device=dev)
     log2_sum = torch.empty(BH, T, dtype=work, device=dev)
     tile_buffer = torch.empty(BH * min(block_q, T) * vis.max_keys(block_q, block_k, S), dtype=work, device=dev)  # reused
@@ -652,7 +654,11 @@ class _TiledAttentionFunction(torch.autograd.Function):
         # the Triton kernel has no bias: a biased call always takes the torch loop
         forward = tiled_forward_torch if tile_bias is not None else pick_forward(q, vis)
         backward = tiled_backward_torch
-        if forward is tiled_forward_torch:  # keep the loop's own base-2 lse: the backward needs it exact
+        n_groups = _head_groups(q, vis, tile_bias)
+        if forward is tiled_forward_torch and n_groups > 1:  # heads split over the CPU's threads
+            out, m2, log2_l = _forward_by_head_groups(q, k, v, vis, scale, block_q, block_k, n_groups)
+            lse = (m2 + log2_l) * _LN2
+        elif forward is tiled_forward_torch:  # keep the loop's own base-2 lse: the backward needs it exact
             out, m2, log2_l = _tiled_forward_base2(q, k, v, vis, scale, block_q, block_k, bias=tile_bias)
             lse = (m2 + log2_l) * _LN2
         else:  # the Triton kernel works in natural log
@@ -675,6 +681,11 @@ class _TiledAttentionFunction(torch.autograd.Function):
         if ctx.backward_kernel is not tiled_backward_torch:  # the Triton kernels; m2 holds the natural-log lse
             dq, dk, dv = ctx.backward_kernel(q, k, v, out, m2, d_out, ctx.vis, ctx.scale, *ctx.blocks)
             return dq, dk, dv, None, None, None, None, None, None
+        n_groups = _head_groups(q, ctx.vis, bias if bias is not None else ctx.score_bias)
+        if n_groups > 1:
+            dq, dk, dv = _backward_by_head_groups(q, k, v, out, m2, log2_l, d_out, ctx.vis, ctx.scale,
+                                                  *ctx.blocks, n_groups)
+            return dq, dk, dv, None, None, None, None, None, None
         needs_bias_grad = bias is not None and ctx.needs_input_grad[7]
         tile_bias = (_TensorBias(bias, q.shape[:-2], q.shape[-2], k.shape[-2], needs_grad=needs_bias_grad,
                                  work=_work_dtype(q.dtype)) if bias is not None else ctx.score_bias)
@@ -682,6 +693,49 @@ class _TiledAttentionFunction(torch.autograd.Function):
                                           bias=tile_bias)
         d_bias = tile_bias.grad_of_input() if needs_bias_grad else None
         return dq, dk, dv, None, None, None, None, d_bias, None
+
+
+def _head_groups(q, vis: Visibility, bias) -> int:
+    """How many head groups the torch loop runs in parallel (:mod:`.head_groups`); 1: not split.
+    Not with a mask tensor or a bias (their broadcasting is not per head)."""
+    if vis.mask is not None or bias is not None or q.dim() < 3:
+        return 1
+    return head_groups.split_applies(q, math.prod(q.shape[:-2]))
+
+
+def _forward_by_head_groups(q, k, v, vis: Visibility, scale: float, block_q: int, block_k: int, n_groups: int):
+    """:func:`_tiled_forward_base2` on ``n_groups`` groups of heads at once, one thread each, writing
+    into one output; returns ``(out, m2, log2_l)`` as it does."""
+    T, S, Dh, Dv, lead = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.shape[:-2]
+    BH = math.prod(lead)
+    out = torch.empty(BH, T, Dv, dtype=q.dtype, device=q.device)
+
+    def group(q_g, k_g, v_g, out_g):  # (G, T, Dh), (G, S, Dh), (G, S, Dv), (G, T, Dv): G heads
+        _, m2, log2_l = _tiled_forward_base2(q_g, k_g, v_g, vis, scale, block_q, block_k, out=out_g)
+        return m2, log2_l
+
+    parts = head_groups.head_groups_apply(
+        group, n_groups, [q.reshape(BH, T, Dh), k.reshape(BH, S, Dh), v.reshape(BH, S, Dv), out])
+    m2 = torch.cat([m for m, _ in parts]).view(*lead, T)
+    log2_l = torch.cat([l for _, l in parts]).view(*lead, T)
+    return out.view(*lead, T, Dv), m2, log2_l
+
+
+def _backward_by_head_groups(q, k, v, out, m2, log2_l, d_out, vis: Visibility, scale: float, block_q: int,
+                             block_k: int, n_groups: int):
+    """:func:`tiled_backward_torch` on ``n_groups`` groups of heads at once, one thread each."""
+    T, S, Dh, Dv, lead = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.shape[:-2]
+    BH = math.prod(lead)
+
+    def group(q_g, k_g, v_g, out_g, m2_g, log2_l_g, do_g):
+        return tiled_backward_torch(q_g, k_g, v_g, out_g, (m2_g, log2_l_g), do_g, vis, scale, block_q, block_k)
+
+    parts = head_groups.head_groups_apply(
+        group, n_groups, [q.reshape(BH, T, Dh), k.reshape(BH, S, Dh), v.reshape(BH, S, Dv),
+                          out.reshape(BH, T, Dv), m2.reshape(BH, T), log2_l.reshape(BH, T),
+                          d_out.reshape(BH, T, Dv)])
+    return tuple(torch.cat([p[i] for p in parts]).view(shape)
+                 for i, shape in enumerate((q.shape, k.shape, v.shape)))
 
 
 def validate_attention_inputs(q, k, v, mask, scale):
