@@ -29,7 +29,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._validate import require_dtype, require_flag, require_positive_int, require_rank, require_tensor, shape_of
+from ._validate import (
+    require_dtype,
+    require_flag,
+    require_positive_int,
+    require_rank,
+    require_tensor,
+    shape_of,
+)
 from .attention import scaled_dot_product_attention
 from .multihead import MHAConfig, MultiHeadAttention, merge_heads, split_heads
 
