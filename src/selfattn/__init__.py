@@ -16,7 +16,8 @@ chapter                                     modules
 04 causal masking                           ``masks``, ``models.tiny_lm``, ``data``
 05 cross-attention and padding              ``masks``, ``attention``
 06 multi-head attention                     ``multihead``, ``pretrained``
-07 the Transformer block                    ``block``, ``encoder``, ``ref.block``
+07 the Transformer block                    ``block``, ``encoder``, ``ref.block``,
+                                           ``modern``, ``ref.modern``, ``experiments.qk_norm``
 08 positions                                ``positions``, ``ref.positions``, ``experiments.positions``
 09 parallel and quadratic                   ``efficient.variants``, ``efficient.memory``, ``experiments``,
                                            ``efficient.depth``, ``models.rnn``

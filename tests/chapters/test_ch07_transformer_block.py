@@ -208,3 +208,153 @@ def test_claim_14_pre_norm_stack_needs_a_final_norm():
     # With LN_f (measured: std 0.999-1.004, entropy 6.405-6.422 nats at every depth).
     for std, entropy in normed:
         assert abs(std - normed[0][0]) < 0.05 and abs(entropy - normed[0][1]) < 0.1
+
+
+# Claim 29: the modern block (RMSNorm, SwiGLU, no Q/K/V biases, a final norm) equals its reference
+# implementation; attention inside it is unchanged.
+
+MODERN = dict(d_model=16, n_heads=4, d_ff=40)
+
+
+def _modern_block(seed=1, qk_norm=False):
+    from selfattn import modern
+
+    torch.manual_seed(seed)
+    block = modern.ModernBlock(modern.ModernBlockConfig(**MODERN, qk_norm=qk_norm)).double().eval()
+    with torch.no_grad():
+        norms = [block.norm1, block.norm2] + ([block.attn.q_norm, block.attn.k_norm] if qk_norm else [])
+        for norm in norms:
+            norm.weight.add_(0.2 * torch.randn_like(norm.weight))  # non-trivial gains, so they are tested
+    return block
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_claim_29_modern_block_matches_the_numpy_reference(rng, qk_norm):
+    from selfattn import modern
+
+    block = _modern_block(qk_norm=qk_norm)
+    x = rng.normal(size=(2, 6, 16))
+    keep = selfattn.causal_mask(6)
+    with torch.no_grad():
+        out, weights = block(torch.from_numpy(x), keep, return_weights=True)
+    expected, expected_weights = ref.modern_block(
+        x, modern.reference_params(block), 4, mask=keep.numpy(), eps=1e-6, qk_norm=qk_norm, return_weights=True
+    )
+    assert torch.isfinite(out).all()
+    np.testing.assert_allclose(out.numpy(), expected, atol=1e-12, rtol=0)  # measured: 1.1e-15
+    np.testing.assert_allclose(weights.numpy(), expected_weights, atol=1e-12, rtol=0)
+
+
+def test_claim_29_modern_parts_match_transformers_llama(rng):
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaMLP, LlamaRMSNorm
+
+    block = _modern_block()
+    config = LlamaConfig(hidden_size=16, intermediate_size=40, num_attention_heads=4, num_key_value_heads=4,
+                         num_hidden_layers=1, vocab_size=32, rms_norm_eps=1e-6)  # fmt: skip
+    x = torch.from_numpy(3 * rng.normal(size=(2, 6, 16)))
+    mlp = LlamaMLP(config).double()
+    mlp.load_state_dict(block.ffn.state_dict())
+    norm = LlamaRMSNorm(16, eps=1e-6).double()
+    norm.load_state_dict(block.norm1.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(block.ffn(x), mlp(x), atol=1e-12, rtol=0)  # measured: 0
+        # LlamaRMSNorm normalises in float32 whatever the dtype: its float64 output is exactly its gain
+        # times the float32 normalisation, and in float32 it equals ours.
+        unit32 = selfattn.modern.RMSNorm(16, 1e-6)(x.float()).double()
+        assert torch.equal(norm(x), block.norm1.weight * unit32)
+        norm32, ours32 = LlamaRMSNorm(16, eps=1e-6), selfattn.modern.RMSNorm(16, 1e-6)
+        norm32.load_state_dict(block.norm1.state_dict())
+        ours32.load_state_dict(block.norm1.state_dict())
+        torch.testing.assert_close(ours32(x.float()), norm32(x.float()), atol=1e-6, rtol=0)  # measured: 0
+        # The whole decoder layer, with PyTorch's float64 RMSNorm in place of Llama's float32 one and the
+        # identity rotation in place of RoPE (the block has no positions).
+        config._attn_implementation = "sdpa"
+        layer = LlamaDecoderLayer(config, layer_idx=0).double().eval()
+        layer.load_state_dict(selfattn.modern.llama_state_dict(block))
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            exact = torch.nn.RMSNorm(16, eps=1e-6, dtype=torch.float64)
+            exact.load_state_dict(getattr(layer, name).state_dict())
+            setattr(layer, name, exact)
+        keep = selfattn.causal_mask(6)
+        additive = torch.zeros(6, 6, dtype=torch.float64).masked_fill(~keep, float("-inf")).expand(2, 1, 6, 6)
+        rotation = (torch.ones(2, 6, 4, dtype=torch.float64), torch.zeros(2, 6, 4, dtype=torch.float64))
+        theirs = layer(x, attention_mask=additive, position_embeddings=rotation)
+        theirs = theirs[0] if isinstance(theirs, tuple) else theirs
+        torch.testing.assert_close(block(x, keep), theirs, atol=1e-12, rtol=0)  # measured: 1.2e-15
+
+
+def test_claim_29_attention_inside_the_modern_block_is_unchanged(rng):
+    block = _modern_block()
+    assert type(block.attn) is selfattn.MultiHeadAttention
+    assert all(getattr(block.attn, b) is None for b in ("b_Q", "b_K", "b_V", "b_O"))
+    classic = selfattn.TransformerBlock(selfattn.BlockConfig(d_model=16, n_heads=4, d_ff=40)).double().eval()
+    with torch.no_grad():
+        for name in ("W_Q", "W_K", "W_V", "W_O"):
+            getattr(classic.attn, name).copy_(getattr(block.attn, name))
+        for name in ("b_Q", "b_K", "b_V", "b_O"):
+            getattr(classic.attn, name).zero_()
+        x = torch.from_numpy(rng.normal(size=(2, 6, 16)))
+        keep = selfattn.causal_mask(6)
+        h = block.norm1(x)
+        # the attention sublayer is the same function ...
+        torch.testing.assert_close(block.attn(h, mask=keep), classic.attn(h, mask=keep), atol=0, rtol=0)
+        # ... and the classic pre-norm block with the modern norms and network swapped in is the modern block
+        classic.ln1, classic.ln2, classic.ffn = block.norm1, block.norm2, block.ffn
+        out, weights = block(x, keep, return_weights=True)
+        out_classic, weights_classic = classic(x, keep, return_weights=True)
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out, out_classic, atol=0, rtol=0)
+        torch.testing.assert_close(weights, weights_classic, atol=0, rtol=0)
+
+
+def test_claim_29_a_key_bias_is_wasted_a_query_bias_is_not(rng):
+    block = _modern_block()
+    biased = selfattn.MultiHeadAttention(selfattn.MHAConfig(16, 4, bias=True)).double().eval()
+    x = torch.from_numpy(rng.normal(size=(2, 6, 16)))
+    keep = selfattn.causal_mask(6)
+    with torch.no_grad():
+        for name in ("W_Q", "W_K", "W_V", "W_O"):
+            getattr(biased, name).copy_(getattr(block.attn, name))
+        _, plain = block.attn(x, mask=keep, return_weights=True)
+        biased.b_K.copy_(torch.from_numpy(rng.normal(size=16)))
+        _, key_biased = biased(x, mask=keep, return_weights=True)
+        biased.b_K.zero_()
+        biased.b_Q.copy_(torch.from_numpy(rng.normal(size=16)))
+        _, query_biased = biased(x, mask=keep, return_weights=True)
+    torch.testing.assert_close(key_biased, plain, atol=1e-12, rtol=0)  # softmax ignores a per-row shift
+    assert (query_biased - plain).abs().max() > 0.01  # measured: 0.5 (the chapter's seed)
+    n_saved = sum(p.numel() for p in biased.parameters()) - sum(p.numel() for p in block.attn.parameters())
+    assert n_saved == 4 * 16
+
+
+def test_claim_29_a_modern_stack_needs_its_final_norm():
+    from selfattn import modern
+
+    x = torch.randn(4, 16, 64, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    blocks = [modern.ModernBlock(modern.ModernBlockConfig(d_model=64, n_heads=4, d_ff=172)).eval() for _ in range(24)]
+    streams = stream_through(blocks, x)
+    rms = np.array([np.sqrt(np.mean(s**2)) for s in streams])
+    final = modern.RMSNorm(64).double()
+    with torch.no_grad():
+        token_rms = np.stack([final(torch.from_numpy(s)).pow(2).mean(-1).sqrt().numpy() for s in streams])
+    # Measured: 0.99 -> 4.40 (seed 0); seeds 1, 2 give 4.1 and 4.0 times.
+    assert np.all(np.isfinite(rms)) and np.all(np.diff(rms) > 0) and rms[-1] / rms[0] > 3
+    assert np.all(np.abs(token_rms - 1) < 1e-5)  # measured: within 9e-7 of 1
+
+
+def test_claim_29_qk_norm_bounds_the_logits_that_grow_without_it():
+    from selfattn.experiments.qk_norm import LogitGrowthConfig, train_logit_growth
+
+    plain = train_logit_growth(LogitGrowthConfig(), qk_norm=False, seed=0)
+    normed = train_logit_growth(LogitGrowthConfig(), qk_norm=True, seed=0)
+    for run in (plain, normed):
+        assert np.all(np.isfinite(run.max_logit)) and run.loss[-10:].mean() < 0.05  # both learn the task
+    assert np.all(normed.max_logit <= normed.bound)  # the Cauchy-Schwarz bound, at every step
+    # Measured (seeds 0, 1, 2): without QK-norm the largest logit ends at 340, 228, 459; with it at
+    # 11.4, 12.9, 11.5 (never above 12.9).
+    assert plain.max_logit[-1] > 150 and normed.max_logit.max() < 20
+    assert plain.max_logit[-1] > 10 * normed.max_logit[-1]

@@ -7,6 +7,7 @@ its own submodule and re-export its public names here.
 from . import positions
 from .attention import causal_mask, scaled_dot_product_attention, softmax
 from .block import feed_forward, gelu, layer_norm, post_norm_block, pre_norm_block
+from .modern import modern_block, rms_norm, silu, swiglu
 from .multihead import multi_head_attention
 from .online import logsumexp, online_attention, online_softmax
 from .positions import (
@@ -31,6 +32,10 @@ __all__ = [
     "feed_forward",
     "post_norm_block",
     "pre_norm_block",
+    "rms_norm",
+    "silu",
+    "swiglu",
+    "modern_block",
     "online_softmax",
     "online_attention",
     "logsumexp",
