@@ -110,7 +110,8 @@ def head_groups_apply(fn, n_groups: int, tensors: list[torch.Tensor]):
         with torch.inference_mode(inference), torch.set_grad_enabled(grad):
             return fn(*[t[a:b] for t in tensors])
 
-    futures = [_pool(n_groups).submit(run, a, b) for a, b in bounds]
+    pool = _pool(min(n_groups, torch.get_num_threads()))  # more groups than threads: they queue
+    futures = [pool.submit(run, a, b) for a, b in bounds]
     return [f.result() for f in futures]
 
 
