@@ -12,6 +12,8 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -142,3 +144,18 @@ def test_mask_mod_errors():
         tiled_attention(q, k, v, mask_mod=masks.causal_mask(T))
     with pytest.raises(ValueError, match=r"\(B, H, T, Dh\)"):
         tiled_attention(q[0], k[0], v[0], mask_mod=masks.causal_mask_mod)
+
+
+@settings(max_examples=20, deadline=None)
+@given(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=4), block_q=st.integers(1, 7),
+       block_k=st.integers(1, 7), seed=st.integers(0, 2**16))
+def test_document_mask_mod_any_packing_and_blocks(lengths, block_q, block_k, seed):
+    # random document lengths and tile sizes that need not divide T: tiled == dense (float64)
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[None]  # (1, T)
+    T_doc = doc.shape[1]
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 2, T_doc, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    mod = masks.document_mask_mod(doc)
+    out = tiled_attention(q, k, v, mask_mod=mod, block_q=block_q, block_k=block_k)
+    expected = scaled_dot_product_attention(q, k, v, masks.document_causal_mask(doc))
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)

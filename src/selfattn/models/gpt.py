@@ -542,7 +542,10 @@ class GPT(nn.Module):
                 f"prompt length {input_ids.shape[1]} + max_new_tokens {n_new} = {total} exceeds the "
                 f"{self.positions.name} position table of {limit} rows (block_size={self.config.block_size})"
             )
-        self._check_shape(input_ids)
+        if offsets is None:
+            self._check_ids(input_ids, 0)
+        else:  # the positions' limit was checked above (the longest row)
+            self._check_shape(input_ids)
         was_training = self.training
         self.eval()
         if offsets is not None:
@@ -550,7 +553,6 @@ class GPT(nn.Module):
                 temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator))
             self.train(was_training)
             return out
-        self._check_ids(input_ids, 0)
         ids = input_ids
         caches = [(make_cache or KVCache)() for _ in self.blocks] if use_cache else None
         step_input = ids
