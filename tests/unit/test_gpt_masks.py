@@ -106,3 +106,13 @@ def test_mask_and_position_errors():
         model(ids, attention_mask=torch.ones(3, 4, dtype=torch.long))
     with pytest.raises(TypeError, match="attention_mask"):
         model(ids, attention_mask=torch.ones(3, 1, 5, 5))
+
+
+def test_four_dimensional_mask_must_broadcast_to_batch_heads_queries_keys():
+    model = _model("rope")  # n_heads = 2
+    ids = torch.randint(0, 20, (1, 5), generator=torch.Generator().manual_seed(2))
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(ids, attention_mask=torch.ones(1, 3, 5, 5, dtype=torch.bool))  # 3 heads for a 2-head model
+    per_head = torch.ones(1, 2, 5, 5, dtype=torch.bool)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, attention_mask=per_head), model(ids), rtol=0, atol=0)

@@ -249,7 +249,7 @@ def _require_position_ids(position_ids, input_ids: torch.Tensor) -> torch.Tensor
     return position_ids.to(torch.int64)
 
 
-def _keep_from_attention_mask(attention_mask, B: int, T: int, S: int) -> torch.Tensor:
+def _keep_from_attention_mask(attention_mask, B: int, H: int, T: int, S: int) -> torch.Tensor:
     """``attention_mask`` (a (B, S) 0/1 or boolean key mask, 1/True = real token; or a boolean keep-mask
     broadcastable to (B, H, T, S)) as a boolean tensor broadcastable to (B, H, T, S)."""
     require_tensor("attention_mask", attention_mask)
@@ -263,7 +263,7 @@ def _keep_from_attention_mask(attention_mask, B: int, T: int, S: int) -> torch.T
     if attention_mask.dtype != torch.bool or attention_mask.ndim != 4:
         raise TypeError(f"attention_mask must be (B, S) of 0/1 or bool, or a boolean keep-mask (B, H or 1, T, S); "
                         f"got dtype {attention_mask.dtype}, shape {shape_of(attention_mask)}")
-    require_broadcastable("attention_mask", attention_mask, (B, attention_mask.shape[1], T, S), "(B, H, T, S) =")
+    require_broadcastable("attention_mask", attention_mask, (B, H, T, S), "(B, H, T, S) =")
     return attention_mask
 
 
@@ -361,8 +361,8 @@ class GPT(nn.Module):
             scheme = _PerTokenPositions(self.positions, position_ids)
         keep = plan.keep
         if attention_mask is not None:
-            keep = keep & _keep_from_attention_mask(attention_mask.to(keep.device), input_ids.shape[0], T,
-                                                    plan.n_keys)  # (B, H or 1, T, S)
+            keep = keep & _keep_from_attention_mask(attention_mask.to(keep.device), input_ids.shape[0],
+                                                    self.config.n_heads, T, plan.n_keys)  # (B, H or 1, T, S)
         x = scheme.add_absolute(tokens, plan.text_start)  # (B, T, D)
         # ALiBi's bias in float32 at least: in bfloat16, -s * d near d = 500 would be rounded to steps of 2
         bias_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
