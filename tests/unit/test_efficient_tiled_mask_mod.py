@@ -159,3 +159,24 @@ def test_document_mask_mod_any_packing_and_blocks(lengths, block_q, block_k, see
     out = tiled_attention(q, k, v, mask_mod=mod, block_q=block_q, block_k=block_k)
     expected = scaled_dot_product_attention(q, k, v, masks.document_causal_mask(doc))
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["causal", "document", "prefix_lm", "sliding_window"])
+def test_tile_kinds_equal_flex_create_block_mask(name):
+    # FlexAttention's block mask, per (b, h): the visited blocks (kv_indices; to_dense() shows them
+    # all, full ones included) and, among them, the full blocks (full_kv_indices); with B = H = 1
+    # its blocks are the tiles tiled_attention skips, computes unmasked, or masks.
+    from torch.nn.attention.flex_attention import BlockMask
+
+    T_long, block = 256, 32
+    doc = (torch.arange(T_long) // 40)[None]
+    mod = {"causal": masks.causal_mask_mod, "document": masks.document_mask_mod(doc),
+           "prefix_lm": masks.prefix_lm_mask_mod(70), "sliding_window": masks.sliding_window_mask_mod(50)}[name]
+    block_mask = create_block_mask(mod, 1, 1, T_long, T_long, device="cpu", BLOCK_SIZE=block)
+    visited = block_mask.to_dense()[0, 0].bool()
+    full = BlockMask.from_kv_blocks(block_mask.full_kv_num_blocks, block_mask.full_kv_indices,
+                                    BLOCK_SIZE=block).to_dense()[0, 0].bool()
+    kinds = mask_mod_tile_kinds(mod, 1, 1, T_long, T_long, block_q=block, block_k=block)
+    assert torch.equal(kinds == TILE_EMPTY, ~visited) and torch.equal(kinds == TILE_FULL, full)
+    assert torch.equal(kinds == TILE_PARTIAL, visited & ~full)
+    assert int(full.sum()) > 0 or name in ("document", "sliding_window")  # full tiles exist where they can

@@ -782,8 +782,10 @@ def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str 
             broadcastable to (B, H, bq, bk) and use only elementwise operations and indexing (so that
             the same function runs under FlexAttention's vmap). A tile it hides entirely is skipped
             (no arithmetic), a tile it keeps entirely takes the unmasked path, the rest are masked;
-            :func:`mask_mod_tile_kinds` gives that classification. Combined (AND) with ``mask`` and
-            ``causal``.
+            :func:`mask_mod_tile_kinds` gives that classification. A tile covers every batch row and
+            head at once (the loop batches them), so it is skipped only if it is empty for all of
+            them (FlexAttention's block mask classifies each (b, h) apart). Combined (AND) with
+            ``mask`` and ``causal``.
         scale: score multiplier; default ``1 / sqrt(Dh)``.
         block_q: query rows per tile (> 0; need not divide T).
         block_k: key columns per tile (> 0; need not divide S).
