@@ -178,3 +178,72 @@ def test_row_hugging_face_decoders_add_their_own_causal_mask():
     future = ~torch.tril(torch.ones(4, 4, dtype=torch.bool))
     assert torch.equal(weights[:, future], torch.zeros_like(weights[:, future]))
     assert (weights[:, ~future] > 0).all()
+
+
+def test_row_flex_attention_mask_mod():
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    import warnings
+
+    q, k, v = _qkv()  # T = 3 queries, S = 5 keys
+    keep = _keep()
+
+    def from_table(b, h, q_idx, kv_idx):  # an arbitrary mask as a mask_mod: True = keep
+        return keep[q_idx, kv_idx]
+
+    # True = keep: create_mask gives the boolean (B, H, T, S) tensor, flex_attention attends where True.
+    materialised = flex.create_mask(from_table, 2, 2, 3, 5, device="cpu")
+    assert materialised.dtype == torch.bool and torch.equal(materialised, keep.expand(2, 2, 3, 5))
+    assert torch.equal(selfattn.masks.materialize_mask_mod(from_table, 2, 2, 3, 5), materialised)
+    with warnings.catch_warnings():  # eager flex_attention warns that it is not compiled
+        warnings.simplefilter("ignore", UserWarning)
+        out = flex.flex_attention(q, k, v, block_mask=flex.create_block_mask(from_table, 2, 2, 3, 5, device="cpu"))
+        torch.testing.assert_close(out, _explicit(q, k, v, keep), **TOL)
+        # the same function through this course's tiled attention
+        torch.testing.assert_close(selfattn.efficient.tiled_attention(q, k, v, mask_mod=from_table), out, **TOL)
+        # a non-boolean mask_mod is refused
+        with pytest.raises(Exception, match="bool"):
+            flex.create_block_mask(lambda b, h, q_idx, kv_idx: (kv_idx <= q_idx).float(), 1, 1, 3, 5, device="cpu")
+        # causal q_idx >= kv_idx is top-left when T != S; it is selfattn.masks.causal_mask_mod
+        causal = flex.create_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, 1, 1, 3, 5, device="cpu")[0, 0]
+        assert torch.equal(causal, selfattn.causal_mask(3, 5, alignment="top_left"))
+        assert torch.equal(flex.create_mask(selfattn.masks.causal_mask_mod, 1, 1, 3, 5, device="cpu")[0, 0], causal)
+        # a row that sees no key gives zeros, log-sum-exp -inf
+        blind = keep.clone()
+        blind[1] = False
+        blind_mask = flex.create_block_mask(lambda b, h, q_idx, kv_idx: blind[q_idx, kv_idx], 2, 2, 3, 5, device="cpu")
+        if hasattr(flex, "AuxRequest"):  # torch >= 2.9; return_lse before (deprecated since)
+            out, aux = flex.flex_attention(q, k, v, block_mask=blind_mask, return_aux=flex.AuxRequest(lse=True))
+            lse = aux.lse
+        else:
+            out, lse = flex.flex_attention(q, k, v, block_mask=blind_mask, return_lse=True)
+    assert torch.equal(out[:, :, 1], torch.zeros_like(out[:, :, 1])) and torch.isfinite(out).all()
+    assert torch.isinf(lse[:, :, 1]).all() and (lse[:, :, 1] < 0).all()
+
+
+def _picture(rows):
+    return torch.tensor([[c == "1" for c in row.split()] for row in rows])
+
+
+def test_row_flash_attn_causal_is_bottom_right():
+    # flash-attn's documentation (flash_attn_func's docstring, v2.1+; 1 = keep):
+    doc_2x5 = _picture(["1 1 1 1 0", "1 1 1 1 1"])
+    doc_5x2 = _picture(["0 0", "0 0", "0 0", "1 0", "1 1"])
+    assert torch.equal(selfattn.causal_mask(2, 5, alignment="bottom_right"), doc_2x5)
+    assert torch.equal(selfattn.causal_mask(5, 2, alignment="bottom_right"), doc_5x2)
+    # ... and not PyTorch's top-left is_causal
+    assert not torch.equal(selfattn.causal_mask(2, 5, alignment="top_left"), doc_2x5)
+    # the rows with no key (T > S) give zeros, as its documentation says; here, this course's attention
+    q, k, v = _qkv(T=5, S=2)
+    out = selfattn.scaled_dot_product_attention(q, k, v, doc_5x2)
+    assert torch.equal(out[:, :, :3], torch.zeros_like(out[:, :, :3]))
+
+
+def test_row_flash_attn_installed():
+    flash_attn = pytest.importorskip("flash_attn")  # not installed for this course: needs a CUDA GPU
+    if not torch.cuda.is_available():
+        pytest.skip("flash-attn needs a CUDA GPU")
+    q, k, v = (x.transpose(1, 2).contiguous().cuda().half() for x in _qkv(T=2, S=5))  # (B, T, H, Dh) layout
+    out = flash_attn.flash_attn_func(q, k, v, causal=True).transpose(1, 2).float()
+    keep = selfattn.causal_mask(2, 5, alignment="bottom_right").cuda()
+    expected = _explicit(*(x.transpose(1, 2).float() for x in (q, k, v)), keep)
+    torch.testing.assert_close(out, expected, atol=2e-3, rtol=2e-3)

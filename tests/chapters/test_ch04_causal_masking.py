@@ -155,3 +155,58 @@ def test_claim_12_fill_values_and_replacement():
             return_weights=True,
         )[1]
         np.testing.assert_allclose(weights.double().numpy(), ref_weights, atol=2e-2)
+
+
+def _packed_gpt(positions):
+    from selfattn.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=32, block_size=16, d_model=32, n_heads=4, n_layers=2, d_ff=64, positions=positions)
+    return GPT(config).double().eval()
+
+
+_DOCS = torch.tensor([0, 0, 0, 0, 1, 1, 1, 2, 2])  # three documents packed into one row
+
+
+def test_claim_30_plain_causal_mask_leaks_across_documents():
+    from selfattn import masks
+
+    gen = torch.Generator().manual_seed(0)
+    packed = torch.randint(0, 32, (1, 9), generator=gen)
+    other = packed.clone()
+    other[0, :4] = (packed[0, :4] + 1 + torch.randint(0, 30, (4,), generator=gen)) % 32  # document 1, every token changed
+    assert (other[0, :4] != packed[0, :4]).all() and torch.equal(other[0, 4:], packed[0, 4:])
+    doc_mask, positions = masks.document_causal_mask(_DOCS[None]), masks.document_positions(_DOCS[None])
+    # the block-diagonal mask, from an explicit loop
+    assert torch.equal(doc_mask[0, 0], torch.tensor([[j <= i and _DOCS[i] == _DOCS[j] for j in range(9)]
+                                                     for i in range(9)]))
+    with torch.no_grad():
+        for scheme in ("learned", "rope"):
+            gpt = _packed_gpt(scheme)
+            plain = (gpt(packed) - gpt(other))[0, 4:7]  # document 2's logits
+            blocked = (gpt(packed, attention_mask=doc_mask, position_ids=positions)
+                       - gpt(other, attention_mask=doc_mask, position_ids=positions))[0, 4:7]
+            assert torch.isfinite(plain).all() and torch.isfinite(blocked).all()
+            assert plain.abs().amax(dim=-1).min() > 1e-2  # every token of document 2 reads document 1
+            assert blocked.abs().max() <= 1e-12  # none does under the block-diagonal mask
+
+
+def test_claim_30_block_diagonal_mask_and_restarted_positions_isolate_documents():
+    from selfattn import masks
+
+    packed = torch.randint(0, 32, (1, 9), generator=torch.Generator().manual_seed(1))
+    doc_mask = masks.document_causal_mask(_DOCS[None])
+    restarted = masks.document_positions(_DOCS[None])
+    assert restarted.tolist() == [[0, 1, 2, 3, 0, 1, 2, 0, 1]]
+    with torch.no_grad():
+        for scheme in ("learned", "rope"):
+            gpt = _packed_gpt(scheme)
+            out = gpt(packed, attention_mask=doc_mask, position_ids=restarted)
+            run_on = gpt(packed, attention_mask=doc_mask)  # positions 0 .. 8 across the row
+            for a, b in ((0, 4), (4, 7), (7, 9)):  # each document against itself run alone
+                alone = gpt(packed[:, a:b])
+                torch.testing.assert_close(out[:, a:b], alone, rtol=0, atol=1e-12)
+                if a > 0 and scheme == "learned":  # absolute positions: without the restart it changes
+                    assert (run_on[:, a:b] - alone).abs().max() > 1e-2
+                if scheme == "rope":  # RoPE sees only offsets: within one document the restart is free
+                    torch.testing.assert_close(run_on[:, a:b], alone, rtol=0, atol=1e-10)

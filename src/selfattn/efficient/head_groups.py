@@ -15,7 +15,7 @@ library may choose another kernel for a group's smaller batch, so the last bits 
 (tested: 1e-14 in float64).
 
 Only where nothing thread-local would be lost: CPU tensors, at least 2 torch threads and 2 heads,
-no boolean mask tensor or bias (their broadcasting is per call, not per head), and no dispatch
+no boolean mask tensor, ``mask_mod`` or bias (they are indexed by the batch and head of the whole call), and no dispatch
 mode, torch-function mode or autocast active in the calling thread (those are thread-local: a
 worker thread would not see them; chapter 10's memory-traffic counter is such a mode). Grad mode
 and inference mode are carried into the workers.

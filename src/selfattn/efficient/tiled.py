@@ -4,7 +4,10 @@ The (T, S) score matrix is never built: queries are cut into blocks of ``block_q
 blocks of ``block_k`` columns; each query block keeps a running maximum ``m``, a running sum ``l``
 and an accumulator, rescaled whenever a new key block raises the maximum (``selfattn.ref.online``
 holds the NumPy version). Peak extra memory is one (block_q, block_k) tile per head plus the output,
-linear in the sequence length. Tiles that a causal or sliding-window mask hides entirely are skipped.
+linear in the sequence length. Tiles that a causal or sliding-window mask hides entirely are skipped,
+and so are those hidden by a ``mask_mod(b, h, q_idx, kv_idx)`` (FlexAttention's way to describe a mask,
+Dong et al. 2024), which is evaluated on each tile's index grid: empty tiles are skipped, full tiles
+take the unmasked path, partial ones are masked.
 An additive score bias (ALiBi, Press et al. 2022; chapter 08) is sliced per tile from a tensor or
 computed per tile from the tile's positions, so that ALiBi too runs without a (T, S) matrix.
 
@@ -32,9 +35,10 @@ from .._validate import (
     require_tensor,
 )
 from ..attention import _seen_matmul
+from ..masks import evaluate_mask_mod
 from . import head_groups
 
-__all__ = ["Visibility", "tiled_attention", "pick_forward", "DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_K",
+__all__ = ["Visibility", "tiled_attention", "mask_mod_tile_kinds", "TILE_EMPTY", "TILE_PARTIAL", "TILE_FULL", "pick_forward", "DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_K",
            "WINDOW_BLOCK_Q", "WINDOW_BLOCK_K"]
 
 # Large enough that the Python loop and the per-tile elementwise passes cost little next to the matrix
@@ -75,11 +79,16 @@ class Visibility:
             (0 for top-left alignment, ``S - T`` for bottom-right).
         window: if not None (sliding window, T == S): with ``causal_offset`` the keys
             ``i - window < j <= i``, without it ``|i - j| < window``.
+        mask_mod: if not None, a function ``mask_mod(b, h, q_idx, kv_idx) -> bool tensor`` (True =
+            keep), evaluated on each tile's index grid (:func:`selfattn.masks.evaluate_mask_mod`).
+        lead: the (B, H) sizes over which ``mask_mod``'s ``b`` and ``h`` run.
     """
 
     mask: torch.Tensor | None = None
     causal_offset: int | None = None
     window: int | None = None
+    mask_mod: object = None
+    lead: tuple = ()
 
     def structural(self, i0: int, i1: int, j0: int, j1: int) -> bool | None:
         """True: every pair of the tile visible; False: none; None: it depends on the pair."""
@@ -147,6 +156,13 @@ class Visibility:
         if self.mask is not None:
             tile_mask = self.mask[..., i0:i1, j0:j1]
             keep = tile_mask if keep is None else keep & tile_mask
+        if self.mask_mod is not None:
+            # the function on this tile's grid only: O(tile) memory, never the (T, S) mask
+            grid = evaluate_mask_mod(self.mask_mod, *(torch.arange(n, device=device) for n in self.lead),
+                                     torch.arange(i0, i1, device=device), torch.arange(j0, j1, device=device))
+            keep = grid if keep is None else keep & grid
+            if bool(keep.all()):  # a full tile: the unmasked path, as a causal tile below the diagonal
+                return True
         if keep is None:
             return True
         return keep if bool(keep.any()) else False
@@ -348,7 +364,7 @@ def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, b
     # (..., S, Dv) temporary, so the memory stays O(tile) (a sum that overflows to inf only takes
     # the exact slow path, which is still right).
     finite_v = bool(torch.isfinite(v.sum()))
-    structural = _StructuralBias(vis, work, dev) if vis.mask is None else None
+    structural = _StructuralBias(vis, work, dev) if vis.mask is None and vis.mask_mod is None else None
     # a causal/window tile that is partly visible is masked inside its matrix product (one pass less)
     # when q and k are finite; else by tril_/triu_, which also removes a NaN stored at a hidden key.
     # Without causal or window structure no tile is partly visible: q and k are not read for the check.
@@ -509,7 +525,7 @@ def tiled_backward_torch(q, k, v, out, lse2, d_out, vis: Visibility, scale: floa
     dq = torch.zeros(BH, T, Dh, dtype=work, device=dev)
     dk = torch.zeros(BH, S, Dh, dtype=work, device=dev)
     dv = torch.zeros(BH, S, Dv, dtype=work, device=dev)
-    if (vis.mask is None and bias is None and finite_qk and q.numel() and k.numel() and v.numel()
+    if (vis.mask is None and vis.mask_mod is None and bias is None and finite_qk and q.numel() and k.numel() and v.numel()
             and bool(torch.isfinite(v.sum()) & torch.isfinite(d_out.sum()))):
         _backward_fast(q3, k, v, do3, delta, m_safe, log2_l_safe, vis, scale, block_q, block_k, dq, dk, dv)
         return _backward_result(q, k, v, dq, dk, dv)
@@ -609,7 +625,7 @@ def _backward_fast(q3, k, v, do3, delta, m_safe, log2_l_safe, vis: Visibility, s
 
 def _triton_applies(q: torch.Tensor, vis: Visibility) -> bool:
     """The Triton kernels' domain: CUDA tensors, causal or no masking, no sliding window, Triton installed."""
-    if not (q.is_cuda and vis.mask is None and vis.window is None and q.numel() > 0):
+    if not (q.is_cuda and vis.mask is None and vis.mask_mod is None and vis.window is None and q.numel() > 0):
         return False
     from . import triton_kernel
 
@@ -697,8 +713,8 @@ class _TiledAttentionFunction(torch.autograd.Function):
 
 def _head_groups(q, vis: Visibility, bias) -> int:
     """How many head groups the torch loop runs in parallel (:mod:`.head_groups`); 1: not split.
-    Not with a mask tensor or a bias (their broadcasting is not per head)."""
-    if vis.mask is not None or bias is not None or q.dim() < 3:
+    Not with a mask tensor, a mask_mod or a bias (they are indexed by batch and head of the whole call)."""
+    if vis.mask is not None or vis.mask_mod is not None or bias is not None or q.dim() < 3:
         return 1
     return head_groups.split_applies(q, math.prod(q.shape[:-2]))
 
@@ -770,7 +786,7 @@ def causal_offset(T: int, S: int, alignment: str | None) -> int:
 
 
 def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str | None = None,
-                    bias: torch.Tensor | None = None, score_bias=None,
+                    bias: torch.Tensor | None = None, score_bias=None, mask_mod=None,
                     scale: float | None = None, block_q: int = DEFAULT_BLOCK_Q,
                     block_k: int = DEFAULT_BLOCK_K, return_lse: bool = False):
     """Exact scaled dot-product attention computed tile by tile with the online softmax.
@@ -812,6 +828,18 @@ def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str 
             (..., bq, bk), in natural-log units, and depend on nothing but the positions: the same
             values at every call, no learned parameters (no gradient flows into it; a result that
             requires grad is refused). Not together with ``bias``.
+        mask_mod: optional mask as a function ``mask_mod(b, h, q_idx, kv_idx) -> bool tensor``
+            (True = keep), FlexAttention's ``mask_mod`` (Dong et al. 2024), e.g.
+            :func:`selfattn.masks.document_mask_mod`; needs 4-D (B, H, T, Dh) inputs. Called once per
+            visited tile (forward and again in the backward) with int64 index tensors b (B, 1, 1, 1),
+            h (1, H, 1, 1), q_idx (1, 1, bq, 1), kv_idx (1, 1, 1, bk); it must return a boolean tensor
+            broadcastable to (B, H, bq, bk) and use only elementwise operations and indexing (so that
+            the same function runs under FlexAttention's vmap). A tile it hides entirely is skipped
+            (no arithmetic), a tile it keeps entirely takes the unmasked path, the rest are masked;
+            :func:`mask_mod_tile_kinds` gives that classification. A tile covers every batch row and
+            head at once (the loop batches them), so it is skipped only if it is empty for all of
+            them (FlexAttention's block mask classifies each (b, h) apart). Combined (AND) with
+            ``mask`` and ``causal``.
         scale: score multiplier; default ``1 / sqrt(Dh)``.
         block_q: query rows per tile (> 0; need not divide T).
         block_k: key columns per tile (> 0; need not divide S).
@@ -835,7 +863,9 @@ def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str 
         TypeError: non-tensor or non-floating inputs, different dtypes, a non-boolean mask, a
         ``bias`` that is not a floating tensor, a ``score_bias`` that is not callable or returns
         something other than a floating tensor.
-        TypeError also for ``causal`` or ``return_lse`` not a bool.
+        TypeError also for ``causal`` or ``return_lse`` not a bool, a ``mask_mod`` that is not
+        callable or returns something other than a boolean tensor; ValueError for a ``mask_mod``
+        result that does not broadcast to (B, H, bq, bk), or ``mask_mod`` with inputs that are not 4-D.
         ValueError: mismatched shapes, a mask or bias that does not broadcast to (..., T, S) or is on
         another device than ``q``, both ``bias`` and ``score_bias``, a ``score_bias`` result of the
         wrong shape or device or that requires grad, a bad scale or
@@ -855,7 +885,16 @@ def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str 
     offset = causal_offset(T, S, alignment) if causal else None
     if mask is not None:  # a view with real (T, S) axes, so that tiles can be sliced from it
         mask = mask.expand(*mask.shape[:-2], T, S)
-    vis = Visibility(mask=mask, causal_offset=offset)
+    lead = ()
+    if mask_mod is not None:
+        if not callable(mask_mod):
+            raise TypeError("mask_mod must be a callable mask_mod(b, h, q_idx, kv_idx) -> bool tensor; "
+                            f"got {type(mask_mod).__name__}")
+        if q.ndim != 4:
+            raise ValueError(f"mask_mod needs q, k, v of shape (B, H, T, Dh) (its b and h index the first two "
+                             f"axes); got q of shape {tuple(q.shape)}")
+        lead = tuple(q.shape[:2])
+    vis = Visibility(mask=mask, causal_offset=offset, mask_mod=mask_mod, lead=lead)
     tile_fn = None if score_bias is None else _CallableBias(score_bias, q.shape[:-2], q.device,
                                                             grad_enabled=torch.is_grad_enabled())
     out, lse = _TiledAttentionFunction.apply(q, k, v, vis, scale, block_q, block_k, bias, tile_fn)
@@ -879,3 +918,32 @@ def _validate_bias(q, k, bias, score_bias) -> None:
             "score_bias must be a callable score_bias(q_idx, k_idx) -> bias broadcastable to (..., bq, bk); "
             f"got {type(score_bias).__name__}"
         )
+
+
+#: The kinds of tile :func:`mask_mod_tile_kinds` reports (FlexAttention's block mask has the same three).
+TILE_EMPTY, TILE_PARTIAL, TILE_FULL = 0, 1, 2
+
+
+def mask_mod_tile_kinds(mask_mod, B: int, H: int, T: int, S: int, *, block_q: int = DEFAULT_BLOCK_Q,
+                        block_k: int = DEFAULT_BLOCK_K, device=None) -> torch.Tensor:
+    """How :func:`tiled_attention` treats each (query tile, key tile) under ``mask_mod``: an int8
+    tensor (ceil(T / block_q), ceil(S / block_k)) of :data:`TILE_EMPTY` (skipped), :data:`TILE_PARTIAL`
+    (masked) and :data:`TILE_FULL` (the unmasked path), from the same per-tile evaluation the loop
+    makes (no causal flag, no mask tensor). Like FlexAttention's ``create_block_mask``, whose block
+    mask splits the blocks into the same three kinds.
+
+    Raises:
+        TypeError / ValueError: sizes not positive ints; a bad ``mask_mod`` (as :func:`tiled_attention`).
+
+    Source: Dong et al. 2024 (block masks); chapter 04.
+    """
+    B, H, T, S = (require_positive_int(n, x) for n, x in (("B", B), ("H", H), ("T", T), ("S", S)))
+    block_q, block_k = require_positive_int("block_q", block_q), require_positive_int("block_k", block_k)
+    vis = Visibility(mask_mod=mask_mod, lead=(B, H))
+    q_tiles, k_tiles = _tiles(T, block_q), _tiles(S, block_k)
+    kinds = torch.empty(len(q_tiles), len(k_tiles), dtype=torch.int8)
+    for a, (i0, i1) in enumerate(q_tiles):
+        for c, (j0, j1) in enumerate(k_tiles):
+            keep = vis.tile(i0, i1, j0, j1, device)
+            kinds[a, c] = TILE_EMPTY if keep is False else TILE_FULL if keep is True else TILE_PARTIAL
+    return kinds

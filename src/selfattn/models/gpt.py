@@ -29,13 +29,20 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .._validate import require_flag, require_positive_int, require_rank, require_tensor, shape_of
+from .._validate import (
+    require_broadcastable,
+    require_flag,
+    require_positive_int,
+    require_rank,
+    require_tensor,
+    shape_of,
+)
 from ..attention import scaled_dot_product_attention
 from ..block import BlockConfig, TransformerBlock
 from ..data import random_windows
 from ..efficient import KVCache
 from ..embeddings import TokenEmbedding
-from ..masks import causal_mask
+from ..masks import causal_mask, from_hf_attention_mask
 from ..multihead import merge_heads, split_heads
 from ..positions import POSITION_SCHEMES, make_positions
 from ..sampling import (
@@ -191,6 +198,75 @@ def _as_protocol(cache, i: int):
     )
 
 
+def _position_runs(position_ids: torch.Tensor):
+    """For each row b of ``position_ids`` (B, T), its maximal runs of consecutive positions: a list of
+    (b, t0, t1, p0), where columns t0 .. t1-1 hold p0, p0+1, ... (a packed document, or a row's
+    real tokens after left padding)."""
+    runs = []
+    breaks = position_ids[:, 1:] != position_ids[:, :-1] + 1  # (B, T-1): a new run starts at t+1
+    for b in range(position_ids.shape[0]):
+        starts = [0] + (torch.nonzero(breaks[b]).flatten() + 1).tolist()
+        ends = starts[1:] + [position_ids.shape[1]]
+        runs += [(b, t0, t1, int(position_ids[b, t0])) for t0, t1 in zip(starts, ends, strict=True)]
+    return runs
+
+
+class _PerTokenPositions:
+    """The model's position scheme applied at given positions ``position_ids`` (B, T) of the new
+    tokens instead of at ``start, start+1, ...``: each run of consecutive positions of a row goes
+    through the scheme's own ``add_absolute`` / ``rotate`` with that run's first position, so that
+    no scheme is special-cased. The ``start`` the model passes is ignored. (``score_bias`` is not
+    wrapped: ALiBi's bias depends only on the column offset, which is the position offset for
+    every pair within one run, the only pairs a document or padding mask keeps.)"""
+
+    def __init__(self, scheme, position_ids: torch.Tensor):
+        self.scheme, self.runs = scheme, _position_runs(position_ids)
+
+    def add_absolute(self, x, start: int = 0):  # x (B, T, D)
+        parts = [self.scheme.add_absolute(x[b : b + 1, t0:t1], p0) for b, t0, t1, p0 in self.runs]
+        return self._assemble(x, parts, axis=1)
+
+    def rotate(self, x, start: int = 0):  # x (B, H, T, Dh)
+        parts = [self.scheme.rotate(x[b : b + 1, :, t0:t1], p0) for b, t0, t1, p0 in self.runs]
+        return self._assemble(x, parts, axis=2)
+
+    def _assemble(self, x, parts, axis: int):
+        rows = [[] for _ in range(x.shape[0])]
+        for (b, *_), part in zip(self.runs, parts, strict=True):
+            rows[b].append(part)
+        return torch.cat([torch.cat(r, dim=axis) for r in rows], dim=0)  # back to x's shape
+
+
+def _require_position_ids(position_ids, input_ids: torch.Tensor) -> torch.Tensor:
+    require_tensor("position_ids", position_ids)
+    if position_ids.dtype.is_floating_point or position_ids.dtype == torch.bool:
+        raise TypeError(f"position_ids must be an integer tensor; got dtype {position_ids.dtype}")
+    if tuple(position_ids.shape) != tuple(input_ids.shape):
+        raise ValueError(f"position_ids must have the shape of input_ids {shape_of(input_ids)} (B, T); "
+                         f"got {shape_of(position_ids)}")
+    if position_ids.numel() and int(position_ids.min()) < 0:
+        raise ValueError(f"position_ids must be >= 0; got minimum {int(position_ids.min())}")
+    return position_ids.to(torch.int64)
+
+
+def _keep_from_attention_mask(attention_mask, B: int, H: int, T: int, S: int) -> torch.Tensor:
+    """``attention_mask`` (a (B, S) 0/1 or boolean key mask, 1/True = real token; or a boolean keep-mask
+    broadcastable to (B, H, T, S)) as a boolean tensor broadcastable to (B, H, T, S)."""
+    require_tensor("attention_mask", attention_mask)
+    if attention_mask.ndim == 2:
+        if tuple(attention_mask.shape) != (B, S):
+            raise ValueError(f"a 2-D attention_mask must have shape (B, S) = {(B, S)} (one entry per key, "
+                             f"cached ones included); got {shape_of(attention_mask)}")
+        if attention_mask.dtype == torch.bool:
+            return attention_mask[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
+        return from_hf_attention_mask(attention_mask)
+    if attention_mask.dtype != torch.bool or attention_mask.ndim != 4:
+        raise TypeError(f"attention_mask must be (B, S) of 0/1 or bool, or a boolean keep-mask (B, H or 1, T, S); "
+                        f"got dtype {attention_mask.dtype}, shape {shape_of(attention_mask)}")
+    require_broadcastable("attention_mask", attention_mask, (B, H, T, S), "(B, H, T, S) =")
+    return attention_mask
+
+
 class GPT(nn.Module):
     """Decoder-only Transformer: ``logits = W_out(LN(blocks(positions.add_absolute(E[ids]), causal)))``.
 
@@ -255,13 +331,17 @@ class GPT(nn.Module):
         if input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must hold at least one token (T > 0); got shape {shape_of(input_ids)}")
 
-    def _run(self, input_ids: torch.Tensor, caches: list):
+    def _run(self, input_ids: torch.Tensor, caches: list, attention_mask=None, position_ids=None):
         """The T new positions ``input_ids`` after those the caches hold -> logits, weights.
 
         The one path of both :meth:`forward` (fresh caches) and :meth:`forward_cached`. ``caches``
         follow the protocol of :class:`CachePlan` (a KVCache is wrapped by :func:`_as_protocol`).
+        ``attention_mask`` (ANDed with the cache's causal mask) and ``position_ids`` (B, T): see
+        :meth:`forward`.
         """
         self._check_shape(input_ids)
+        if position_ids is not None:
+            position_ids = _require_position_ids(position_ids, input_ids)
         T = input_ids.shape[1]
         tokens = self.token_embedding(input_ids)  # (B, T, D)
         plans = [cache.plan(T, self.positions, tokens.device) for cache in caches]
@@ -273,20 +353,29 @@ class GPT(nn.Module):
             raise ValueError("caches must all be of one kind, with the same settings: their layers would place "
                              "the new positions differently; got (start, n_keys) per layer "
                              f"{[(p.start, p.n_keys) for p in plans]}")
-        self._check_ids(input_ids, plan.text_start)
-        x = self.positions.add_absolute(tokens, plan.text_start)  # (B, T, D)
+        scheme = self.positions
+        if position_ids is None:
+            self._check_ids(input_ids, plan.text_start)
+        else:  # the table's limit at the largest position asked for; each run through the scheme
+            self._check_ids(input_ids[:, :1], int(position_ids.max()))
+            scheme = _PerTokenPositions(self.positions, position_ids)
+        keep = plan.keep
+        if attention_mask is not None:
+            keep = keep & _keep_from_attention_mask(attention_mask.to(keep.device), input_ids.shape[0],
+                                                    self.config.n_heads, T, plan.n_keys)  # (B, H or 1, T, S)
+        x = scheme.add_absolute(tokens, plan.text_start)  # (B, T, D)
         # ALiBi's bias in float32 at least: in bfloat16, -s * d near d = 500 would be rounded to steps of 2
         bias_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
         bias = self.positions.score_bias(T, plan.n_keys, plan.start, dtype=bias_dtype, device=x.device)  # (H, T, S) or None
         weights = []
         for block, cache in zip(self.blocks, caches, strict=True):
-            attn_out, w = self._attention(block, block.ln1(x), cache, plan.start, plan.keep, bias)
+            attn_out, w = self._attention(block, block.ln1(x), cache, plan.start, keep, bias, scheme)
             x = x + block.dropout(attn_out)  # (B, T, D)
             x = x + block.dropout(block.ffn(block.ln2(x)))  # (B, T, D)
             weights.append(w)
         return self.lm_head(self.ln_f(x)), tuple(weights)  # (B, T, D) @ (D, V) -> (B, T, V)
 
-    def _attention(self, block: TransformerBlock, h, cache, start: int, keep, bias):
+    def _attention(self, block: TransformerBlock, h, cache, start: int, keep, bias, scheme=None):
         """The attention branch of ``block`` for new positions ``h`` (B, T, D), queries at ``start ..``.
 
         The parameters and steps of :class:`~selfattn.multihead.MultiHeadAttention`'s forward, with
@@ -295,24 +384,48 @@ class GPT(nn.Module):
         plan places them (a KVCache: each key once, at its position, before storing it).
         """
         attn = block.attn
+        scheme = self.positions if scheme is None else scheme  # a _PerTokenPositions with position_ids
         H = attn.config.n_heads
         Q = split_heads(h @ attn.W_Q + attn.b_Q, H)  # (B, T, D) -> (B, H, T, Dh)
         K_new = split_heads(h @ attn.W_K + attn.b_K, H)  # (B, T, D) -> (B, H, T, Dh)
         V_new = split_heads(h @ attn.W_V + attn.b_V, H)  # (B, T, D) -> (B, H, T, Dh)
-        Q = self.positions.rotate(Q, start)  # at positions start .. start+T-1
-        K, V = cache.update(K_new, V_new, self.positions.rotate)  # rotated keys, values: (B, H, S, Dh) each
+        Q = scheme.rotate(Q, start)  # at positions start .. start+T-1 (or position_ids)
+        K, V = cache.update(K_new, V_new, scheme.rotate)  # rotated keys, values: (B, H, S, Dh) each
         dropout_p = attn.config.dropout if self.training else 0.0
         context, weights = scaled_dot_product_attention(
             Q, K, V, keep, bias=bias, dropout_p=dropout_p, return_weights=True
         )  # context (B, H, T, Dh), weights (B, H, T, S)
         return merge_heads(context) @ attn.W_O + attn.b_O, weights  # (B, T, D) @ (D, D) -> (B, T, D)
 
-    def forward(self, input_ids: torch.Tensor, *, return_weights: bool = False):
+    def forward(self, input_ids: torch.Tensor, *, return_weights: bool = False, attention_mask=None,
+                position_ids=None):
+        """Logits (B, T, V) of ``input_ids`` (B, T) under the causal mask (see the class).
+
+        Args:
+            input_ids: (B, T) int64. return_weights: also return each layer's weights (B, H, T, T).
+            attention_mask: optional, ANDed with the causal mask: a (B, T) key mask (1 or True = a
+                real token, 0 or False = padding, as Hugging Face's) or a boolean keep-mask
+                broadcastable to (B, H, T, T), e.g. ``selfattn.masks.document_causal_mask(doc_ids)``
+                for packed documents. A query that then sees no key (a padding token) gets a zero
+                attention output, never NaN.
+            position_ids: optional (B, T) integer positions >= 0 of the tokens, instead of
+                ``0 .. T-1``: ``selfattn.masks.document_positions(doc_ids)`` restarts them per packed
+                document; after left padding, each row's real tokens start at 0. Each run of
+                consecutive positions goes through the scheme at its first position.
+
+        Raises:
+            as the class; TypeError / ValueError for an ``attention_mask`` or ``position_ids`` of the
+            wrong dtype, shape or values.
+
+        Source: chapter 14; ``attention_mask`` and ``position_ids``, chapters 04 and 05.
+        """
         return_weights = require_flag("return_weights", return_weights)
-        logits, weights = self._run(input_ids, [_GrowingCache(KVCache()) for _ in self.blocks])  # no earlier positions
+        logits, weights = self._run(input_ids, [_GrowingCache(KVCache()) for _ in self.blocks],  # no earlier positions
+                                    attention_mask, position_ids)
         return (logits, weights) if return_weights else logits
 
-    def forward_cached(self, input_ids: torch.Tensor, caches: list) -> torch.Tensor:
+    def forward_cached(self, input_ids: torch.Tensor, caches: list, *, attention_mask=None,
+                       position_ids=None) -> torch.Tensor:
         """Logits of the new positions ``input_ids`` (B, T_new), given ``caches`` of the earlier ones.
 
         Each block is the pre-norm block of chapter 07 with its attention split open: the new
@@ -328,6 +441,10 @@ class GPT(nn.Module):
         Args:
             input_ids: (B, T_new) int64. caches: one cache per layer, all of one kind and at the same
                 point (modified in place; a fresh start is ``[KVCache() for _ in range(n_layers)]``).
+            attention_mask: optional (B, S) key mask over all S keys, cached and new (1 = real token,
+                0 = padding), or a boolean keep-mask broadcastable to (B, H, T_new, S); ANDed with
+                the cache's causal mask. position_ids: optional (B, T_new) positions of the new tokens
+                (as :meth:`forward`); the cache stores keys rotated at these positions.
 
         Returns:
             logits (B, T_new, V).
@@ -345,7 +462,8 @@ class GPT(nn.Module):
                 f"{len(caches) if isinstance(caches, (list, tuple)) else type(caches).__name__}"
                 " (or one SlidingWindowCache, or other cache with plan() and update(), per layer)"
             )
-        return self._run(input_ids, [_as_protocol(c, i) for i, c in enumerate(caches)])[0]
+        return self._run(input_ids, [_as_protocol(c, i) for i, c in enumerate(caches)], attention_mask,
+                         position_ids)[0]
 
     @torch.no_grad()
     def generate(
@@ -360,6 +478,7 @@ class GPT(nn.Module):
         top_k: int | None = None,
         top_p: float | None = None,
         make_cache: Callable[[], object] | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Append ``max_new_tokens`` tokens to ``input_ids``, one at a time.
 
@@ -385,6 +504,11 @@ class GPT(nn.Module):
                 ``lambda: SlidingWindowCache(32, n_sinks=4)``, chapter 11); then the prompt is fed
                 one token at a time, which every cache accepts. None: a :class:`KVCache` per layer,
                 and the prompt in one step.
+            attention_mask: optional (B, T0) 0/1 (or boolean) mask of a batch of prompts padded on
+                the LEFT (0 = padding): every row's pad tokens come first, then its real tokens.
+                Padding keys are masked and each row's positions start at 0 at its first real token,
+                so that every row generates what it would alone (tested: the same tokens, logits to
+                1e-10 in float64). Not with ``make_cache``.
 
         Returns:
             (B, T0 + max_new_tokens) int64, the prompt followed by the new tokens.
@@ -393,9 +517,10 @@ class GPT(nn.Module):
             TypeError / ValueError: bad ``input_ids``; ``max_new_tokens`` not a positive int;
             ``temperature`` not a finite number > 0; ``generator`` not a torch.Generator or None;
             NaN or +inf logits (a model with NaN weights), greedy or not; with learned positions, a result longer than the table;
-            ``make_cache`` not callable, or given with ``use_cache=False``.
+            ``make_cache`` not callable, or given with ``use_cache=False``; an ``attention_mask`` not
+            of shape (B, T0), not 0/1, not left padding, with a row of padding only, or with ``make_cache``.
 
-        Source: chapter 14; ``make_cache``, chapter 11.
+        Source: chapter 14; ``make_cache``, chapter 11; ``attention_mask`` (left padding), chapter 05.
         """
         greedy = require_flag("greedy", greedy)
         use_cache = require_flag("use_cache", use_cache)
@@ -409,16 +534,25 @@ class GPT(nn.Module):
         if make_cache is not None and (not callable(make_cache) or not use_cache):
             raise ValueError(f"make_cache must be a callable returning a fresh cache, with use_cache=True; got "
                              f"{make_cache!r} with use_cache={use_cache}")
-        total = input_ids.shape[1] + n_new
+        offsets = None if attention_mask is None else self._left_padding(attention_mask, input_ids, make_cache)
+        total = input_ids.shape[1] + n_new - (0 if offsets is None else int(offsets.min()))  # positions used
         limit = self.positions.max_positions
         if limit is not None and total > limit:
             raise ValueError(
                 f"prompt length {input_ids.shape[1]} + max_new_tokens {n_new} = {total} exceeds the "
                 f"{self.positions.name} position table of {limit} rows (block_size={self.config.block_size})"
             )
-        self._check_ids(input_ids, 0)
+        if offsets is None:
+            self._check_ids(input_ids, 0)
+        else:  # the positions' limit was checked above (the longest row)
+            self._check_shape(input_ids)
         was_training = self.training
         self.eval()
+        if offsets is not None:
+            out = self._generate_left_padded(input_ids, n_new, offsets, use_cache, dict(
+                temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator))
+            self.train(was_training)
+            return out
         ids = input_ids
         caches = [(make_cache or KVCache)() for _ in self.blocks] if use_cache else None
         step_input = ids
@@ -436,6 +570,46 @@ class GPT(nn.Module):
             ids = torch.cat([ids, next_id], dim=1)  # (B, T) -> (B, T + 1)
             step_input = next_id
         self.train(was_training)
+        return ids
+
+    @staticmethod
+    def _left_padding(attention_mask, input_ids, make_cache) -> torch.Tensor:
+        """The number of padding tokens at the start of each row (B,), after checking the mask."""
+        require_tensor("attention_mask", attention_mask)
+        if tuple(attention_mask.shape) != tuple(input_ids.shape):
+            raise ValueError(f"attention_mask must have the shape of input_ids {shape_of(input_ids)} (B, T0); "
+                             f"got {shape_of(attention_mask)}")
+        if make_cache is not None:
+            raise ValueError("attention_mask (left padding) works with the default KVCache only; got make_cache too")
+        keep = from_hf_attention_mask(attention_mask.to(torch.int64))[:, 0, 0]  # (B, T0) bool, checks 0/1
+        if bool((keep[:, 1:] < keep[:, :-1]).any()):
+            raise ValueError("attention_mask must be left padding: in every row the 0s (padding) come before "
+                             f"the 1s (real tokens); got {attention_mask.tolist()}")
+        if not bool(keep[:, -1].all()):
+            raise ValueError(f"every prompt needs at least one real token; got attention_mask {attention_mask.tolist()}")
+        return (~keep).sum(dim=1)  # (B,)
+
+    def _generate_left_padded(self, input_ids, n_new: int, offsets, use_cache: bool, how: dict):
+        """:meth:`generate` for left-padded prompts: key padding masked, positions ``t - offsets[b]``
+        (padding tokens at position 0: they see no key and nobody reads them)."""
+        B, T0 = input_ids.shape
+        column = torch.arange(T0 + n_new, device=input_ids.device)
+        positions = (column[None, :] - offsets[:, None].to(column.device)).clamp(min=0)  # (B, T0 + n_new)
+        real = column[None, :] >= offsets[:, None].to(column.device)  # (B, T0 + n_new): the key mask
+        ids = input_ids
+        caches = [KVCache() for _ in self.blocks] if use_cache else None
+        step_input = ids
+        for _ in range(n_new):
+            T = ids.shape[1]
+            if use_cache:
+                t0 = T - step_input.shape[1]  # the new tokens' first column
+                logits = self.forward_cached(step_input, caches, attention_mask=real[:, :T],
+                                             position_ids=positions[:, t0:T])[:, -1]  # (B, V)
+            else:
+                logits = self(ids, attention_mask=real[:, :T], position_ids=positions[:, :T])[:, -1]  # (B, V)
+            next_id = sample(logits, **how)  # (B, 1)
+            ids = torch.cat([ids, next_id], dim=1)  # (B, T) -> (B, T + 1)
+            step_input = next_id
         return ids
 
 
