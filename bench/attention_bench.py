@@ -15,7 +15,9 @@ Training (forward plus backward, ``out.backward(dO)``): SDPA and tiled, time and
 (naive too for memory). Sliding window (w=256, causal, T=8192, full run only): the tiled
 ``sliding_window_tiled_attention`` against ``torch.nn.attention.flex_attention`` compiled by
 ``torch.compile`` on the CPU with a ``create_block_mask`` of the same mask (compile time reported,
-not counted; if compiling fails the target says "not measurable" with the error).
+not counted; if compiling fails the target says "not measurable" with the error). Threads (full
+run, 2+ threads): the tiled loop with its heads split over the threads (the default) against the
+loop with every operation split on its own (``head_groups.unsplit()``), T=4096.
 
 Time: the minimum over repeats, the implementations interleaved (the machine is shared; the minimum
 is the least disturbed run). Throughput: useful FLOPs (4 T S d_head per head for QK^T and PV; only
@@ -55,6 +57,7 @@ import selfattn
 from selfattn import ref
 from selfattn.efficient import sliding_window_tiled_attention, tiled_attention
 from selfattn.efficient.memory import peak_rss_bytes
+from selfattn.efficient.tiled import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 
 B, H, D_HEAD = 1, 8, 64
 IMPLS = ("naive", "sdpa", "tiled", "numpy")
@@ -237,6 +240,58 @@ def measure_window(repeats: int, quick: bool) -> dict:
     return result
 
 
+def measure_head_groups(repeats: int, T: int = 4096) -> dict:
+    """Tiled forward and forward plus backward at T with the heads split over the threads (the
+    default, ``selfattn.efficient.head_groups``) and without (``head_groups.unsplit()``: every
+    operation parallelised by torch on its own), interleaved with SDPA: {(what, causal): seconds}."""
+    from selfattn.efficient import head_groups
+
+    q, k, v = make_inputs(T)
+    tq, tk, tv, d_out = make_train_inputs(T)
+    result = {}
+    for train in (False, True):
+        for causal in (False, True):
+            if train:
+                fns = {"sdpa": train_runner("sdpa", tq, tk, tv, d_out, causal),
+                       "split": _train_blocks(tq, tk, tv, d_out, causal, (DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K))}
+            else:
+                fns = {"sdpa": runner("sdpa", q, k, v, causal), "split": runner("tiled", q, k, v, causal)}
+
+            def unsplit(fn=fns["split"]):
+                with head_groups.unsplit():
+                    return fn()
+
+            fns["unsplit"] = unsplit
+            with torch.set_grad_enabled(train):
+                best = {name: _timed(fn) for name, fn in fns.items()}
+                for _ in range(repeats):
+                    for name, fn in fns.items():
+                        best[name] = min(best[name], _timed(fn))
+            for name, t in best.items():
+                result[("train" if train else "forward", causal, name)] = t
+            print(f"  timed head groups train={train} causal={causal}: " + ", ".join(
+                f"{n}={t:.3g}s" for n, t in best.items()), file=sys.stderr, flush=True)
+    return result
+
+
+def render_head_groups(groups, threads: int) -> list[str]:
+    if not groups:
+        return []
+    lines = ["", f"## The tiled loop's heads split over the {threads} threads, T=4096", "",
+             "`selfattn.efficient.head_groups`: each thread runs the loop on its own group of heads with "
+             "single-threaded operations (the default), against the loop with every operation parallelised "
+             "by torch on its own (`head_groups.unsplit()`), each as a ratio to SDPA's time.", "",
+             "| pass | causal | SDPA (ms) | heads split (ms) | each op split (ms) | split/SDPA | each op/SDPA |",
+             "|---|:---:|---:|---:|---:|---:|---:|"]
+    for what in ("forward", "train"):
+        for causal in (False, True):
+            t = {n: groups[(what, causal, n)] for n in ("sdpa", "split", "unsplit")}
+            lines.append(f"| {'forward' if what == 'forward' else 'forward+backward'} | {'yes' if causal else 'no'} "
+                         f"| {1e3 * t['sdpa']:.1f} | {1e3 * t['split']:.1f} | {1e3 * t['unsplit']:.1f} "
+                         f"| {t['split'] / t['sdpa']:.2f} | {t['unsplit'] / t['sdpa']:.2f} |")
+    return lines
+
+
 def sweep(repeats: int, T: int = 4096):
     """Print the tiled/SDPA time ratios at T for each block size of SWEEP_BLOCKS, forward and
     forward plus backward, causal and not: the measurement behind DEFAULT_BLOCK_Q/K."""
@@ -345,7 +400,7 @@ def _ratio(a, b):
 
 
 def render(times, memory, time_sizes, memory_sizes, peak_gflops, meta, train_times=None, train_memory=None,
-           window=None) -> str:
+           window=None, groups=None) -> str:
     train_times, train_memory, window = train_times or {}, train_memory or {}, window or {}
     lines = [f"# Attention on CPU: time and peak memory ({meta['date']})", "",
              f"Machine: {meta['cpu']}, vector ISA: {meta['isa']}; {meta['threads']} torch threads, torch {meta['torch']}, "
@@ -386,6 +441,7 @@ def render(times, memory, time_sizes, memory_sizes, peak_gflops, meta, train_tim
                 f"| {_fmt(_ratio(m['tiled'], m['sdpa']), '.2f')} | {_fmt(_ratio(m['tiled'], m['naive']), '.4f')} |")
     lines += render_training(train_times, train_memory)
     lines += render_window(window)
+    lines += render_head_groups(groups or {}, meta["threads"])
     lines += ["", "## Targets", "",
               f"Measured on {meta['cpu']} (vector ISA: {meta['isa']}) only: ratios differ between machine classes.", ""]
     lines += [f"- {line}" for line in check_targets(times, memory, train_times, train_memory, window)]
@@ -523,6 +579,7 @@ def main(argv=None):
     print(f"float32 matmul, best of start and end: {peak:.1f} GFLOP/s", file=sys.stderr, flush=True)
     train_times = measure_train_times(QUICK_SIZES if args.quick else TRAIN_TIME_SIZES, 2 if args.quick else 4)
     window = measure_window(6, args.quick)
+    groups = {} if args.quick or torch.get_num_threads() < 2 else measure_head_groups(3)
     memory, train_memory = measure_memory(memory_sizes, budget, numpy_max_T,
                                           QUICK_SIZES if args.quick else TRAIN_SIZES)
     today = dt.date.today().isoformat()
@@ -530,7 +587,7 @@ def main(argv=None):
             "numpy": np.__version__, "load": f"{load_start[0]:.1f} at start, {os.getloadavg()[0]:.1f} at the end, "
                                        f"{max(LOADS, default=load_start[0]):.1f} at most during the timings",
             "budget_gib": budget / GIB, "numpy_max_T": numpy_max_T, "matmul_n": matmul_n}
-    table = render(times, memory, time_sizes, memory_sizes, peak, meta, train_times, train_memory, window)
+    table = render(times, memory, time_sizes, memory_sizes, peak, meta, train_times, train_memory, window, groups)
     print(table)
     out = args.out if args.out is not None else (None if args.quick else RESULTS / f"cpu-{today}.md")
     if out is not None:
@@ -542,7 +599,8 @@ def main(argv=None):
                   "train_time_s": [{"impl": i, "T": T, "causal": c, "value": v} for (i, T, c), v in train_times.items()],
                   "train_memory_bytes": [{"impl": i, "T": T, "causal": c, "value": v}
                                          for (i, T, c), v in train_memory.items()],
-                  "window": {"w": WINDOW, "T": WINDOW_T, **window}}
+                  "window": {"w": WINDOW, "T": WINDOW_T, **window},
+                  "head_groups_s": [{"pass": p, "causal": c, "impl": n, "value": v} for (p, c, n), v in groups.items()]}
         out.with_suffix(".json").write_text(json.dumps(record, indent=1))
         print(f"wrote {out} and {out.with_suffix('.json')}", file=sys.stderr)
 

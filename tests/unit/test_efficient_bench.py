@@ -54,3 +54,28 @@ def test_decode_bench_quick_prints_its_tables_and_names_the_machine():
     assert len(rows) == 3
     assert "## Roofline of this machine" in out and "memory-bound by the roofline" in out
     assert "| Llama 3.1 8B | 1.10 | 4096 |" in out  # counted, not timed: the same on every machine
+
+
+def test_head_groups_table_has_both_passes_and_both_masks():
+    """The bench's side-by-side measurement of the head split (run here on a tiny size with 2 threads):
+    four rows, each with finite positive times; no timing is asserted."""
+    import importlib.util
+
+    import torch
+
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("attention_bench_module", BENCH)
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        groups = bench.measure_head_groups(1, T=64)
+    finally:
+        torch.set_num_threads(before)
+    assert len(groups) == 12 and all(t > 0 and t == t for t in groups.values())
+    rows = [line for line in bench.render_head_groups(groups, 2) if line.startswith("| forward")]
+    assert len(rows) == 4 and rows[0].startswith("| forward | no |") and rows[3].startswith("| forward+backward | yes |")

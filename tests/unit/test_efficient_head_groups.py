@@ -148,16 +148,21 @@ def test_workers_run_one_thread_each_and_the_callers_count_is_unchanged(two_thre
     assert seen == [2], "the process-wide default is the caller's count again"
 
 
-def test_not_split_with_one_thread_one_head_a_mask_a_mask_mod_or_a_bias(two_threads, count_groups):
+def test_not_split_with_one_thread_one_head_a_mask_a_mask_mod_a_bias_or_unsplit(two_threads, count_groups):
     q, k, v = (x.detach() for x in _qkv((1, 2, 20, 8), 20, 8))
     tiled_attention(q[:, :1], k[:, :1], v[:, :1])  # one head: nothing to split
     tiled_attention(q, k, v, torch.ones(20, 20, dtype=torch.bool))  # a mask tensor: broadcast per call
     tiled_attention(q, k, v, bias=torch.zeros(20, 20, dtype=torch.float64))
     tiled_attention(q, k, v, mask_mod=lambda b, h, qi, kj: kj <= qi)  # its h indexes the whole call's heads
     assert count_groups == []
+    with head_groups.unsplit():
+        tiled_attention(q, k, v)
+    assert count_groups == []
+    tiled_attention(q, k, v)
+    assert count_groups == [2], "split again after the unsplit() block"
     torch.set_num_threads(1)
     tiled_attention(q, k, v)
-    assert count_groups == []
+    assert count_groups == [2]
 
 
 class _Count(TorchDispatchMode):

@@ -25,12 +25,13 @@ Introduced in chapter 10.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-__all__ = ["head_groups_apply", "split_applies", "worker_threads"]
+__all__ = ["head_groups_apply", "split_applies", "worker_threads", "unsplit"]
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
@@ -82,6 +83,19 @@ def worker_threads(n: int) -> list[int]:
     return [f.result() for f in [pool.submit(report) for _ in range(n)]]
 
 
+@contextlib.contextmanager
+def unsplit():
+    """Inside the block (in this thread) the tiled loop is not split into head groups: every
+    operation is parallelised by torch on its own, as without this module. For side-by-side
+    measurements (``bench/attention_bench.py``) and for readers who want to see the difference."""
+    before = getattr(_IN_WORKER, "unsplit", False)
+    _IN_WORKER.unsplit = True
+    try:
+        yield
+    finally:
+        _IN_WORKER.unsplit = before
+
+
 def _thread_local_state_active() -> bool:
     """A dispatch mode, torch-function mode or autocast in the calling thread (workers would miss it)."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -93,7 +107,8 @@ def _thread_local_state_active() -> bool:
 def split_applies(q: torch.Tensor, n_heads: int) -> int:
     """How many head groups to run: ``min(torch.get_num_threads(), n_heads)`` where the split
     applies (see the module docstring), else 1 (run the loop as it is)."""
-    if not q.device.type == "cpu" or getattr(_IN_WORKER, "active", False) or _thread_local_state_active():
+    if (not q.device.type == "cpu" or getattr(_IN_WORKER, "active", False) or getattr(_IN_WORKER, "unsplit", False)
+            or _thread_local_state_active()):
         return 1
     return max(1, min(torch.get_num_threads(), n_heads))
 
