@@ -83,7 +83,7 @@ class InductionConfig:
     seq_len: int = 32
     span: int = 12
     d_model: int = 32
-    n_heads: int = 2
+    n_heads: int = 4
     n_layers: int = 2
     steps: int = 1500
     batch_size: int = 32
@@ -572,8 +572,7 @@ def composition_baseline(d_model: int, d_head: int, n: int = 200, seed: int = 0)
 
     Every ``W_Q, W_K, W_V`` (D, Dh) and ``W_O`` (Dh, D) is drawn with i.i.d. standard normal entries
     (the scores do not depend on the scale): the value a score takes when the two heads' subspaces
-    are unrelated, about ``sqrt(Dh / D)``-ish for low-rank heads. A trained pair well above it shares
-    a subspace.
+    are unrelated (about 0.18 for D = 32, Dh = 8). A trained pair well above it shares a subspace.
 
     Raises:
         TypeError / ValueError: sizes not positive ints; ``d_head > d_model``.
