@@ -156,11 +156,11 @@ def head_patterns_figure(tokens: Sequence[str], patterns: dict[str, np.ndarray],
                for i, n in enumerate(names)]
     fig.update_layout(
         title=f"{title or 'Attention on one repeated sequence'}: {names[0]}", template="plotly_white",
-        height=620, shapes=[box],
+        height=660, shapes=[box], margin={"t": 140},
         xaxis={"title": "key (earlier position)", "tickangle": -90, "tickfont": {"size": 9}},
         yaxis={"title": "query", "autorange": "reversed", "tickfont": {"size": 9}},
-        updatemenus=[{"type": "buttons", "direction": "right", "x": 0.0, "y": 1.12, "xanchor": "left",
-                      "buttons": buttons}],
+        updatemenus=[{"type": "buttons", "direction": "right", "x": 0.0, "y": 1.02, "xanchor": "left",
+                      "yanchor": "bottom", "buttons": buttons}],
     )
     return describe(
         fig,
