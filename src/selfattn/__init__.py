@@ -26,7 +26,8 @@ chapter                                     modules
                                            ``convert``, ``decode_timing``), ``gqa``, ``sampling``
 12 attention across devices                 ``distributed`` (``ring``, ``ulysses``, ``layout``, ``launch``)
 13 attention explanations                   ``interpret``
-14 capstone GPT                             ``models.gpt``, ``efficient.kv_cache``, ``checkpoint``
+14 capstone GPT                             ``models.gpt``, ``efficient.kv_cache``, ``checkpoint``,
+                                           ``experiments.induction``
 ==========================================  ==========================================================
 
 Every chapter also has ``viz.<topic>`` (figures and explorers) and ``exercises.chNN`` (the checks).

@@ -3,8 +3,10 @@
 A checkpoint is one ``.safetensors`` file. Its tensors are the model's ``state_dict``; its
 metadata (string to string, stored in the file's header) holds ``"config"`` (the model's frozen
 dataclass config as JSON), ``"config_class"`` and ``"model_class"`` (their names, checked on
-loading) and ``"format": "selfattn"``. Loading builds a fresh model from the config and loads the
-tensors strictly: no code is executed from the file, unlike ``torch.save``'s pickle.
+loading), ``"shared"`` (JSON ``{alias: name}``: state-dict entries that are one tensor, such as a
+read-out tied to the embedding, are stored once under ``name``) and ``"format": "selfattn"``.
+Loading builds a fresh model from the config and loads the tensors strictly: no code is executed
+from the file, unlike ``torch.save``'s pickle.
 
 Introduced in chapter 14.
 """
@@ -51,8 +53,20 @@ def save_checkpoint(
     config = getattr(model, "config", None)
     if config is None or not dataclasses.is_dataclass(config) or isinstance(config, type):
         raise TypeError(f"model.config must be a dataclass instance; got {type(config).__name__}")
+    # Tied weights (e.g. GPTConfig(tie_embeddings=True)) appear under two names in the state dict;
+    # safetensors refuses tensors that share memory, so each is stored once and the alias recorded.
+    state = model.state_dict()
+    kept: dict[tuple, str] = {}
+    shared: dict[str, str] = {}
+    for name, t in state.items():
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        if key in kept:
+            shared[name] = kept[key]
+        else:
+            kept[key] = name
     metadata = {
         "format": _FORMAT,
+        "shared": json.dumps(shared, sort_keys=True),
         "model_class": type(model).__name__,
         "config_class": type(config).__name__,
         "config": json.dumps(dataclasses.asdict(config), sort_keys=True),
@@ -68,7 +82,7 @@ def save_checkpoint(
     metadata.update(extra)
     # safetensors wants contiguous CPU tensors that share no memory.
     tensors = {
-        name: t.detach().to("cpu").contiguous().clone() for name, t in model.state_dict().items()
+        name: t.detach().to("cpu").contiguous().clone() for name, t in state.items() if name not in shared
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -114,7 +128,8 @@ def load_checkpoint(
     Raises:
         FileNotFoundError / ValueError: as :func:`read_metadata`; the recorded class names differ
         from ``model_cls``/``config_cls``.
-        RuntimeError: the tensors do not fit the model (missing, unexpected or wrong shapes).
+        RuntimeError: the tensors do not fit the model (missing, unexpected or wrong shapes), or a
+        recorded alias names a tensor the file does not hold.
 
     Source: chapter 14.
     """
@@ -128,5 +143,11 @@ def load_checkpoint(
             )
     config = config_cls(**json.loads(metadata["config"]))
     model = model_cls(config)
-    model.load_state_dict(load_file(str(path), device="cpu"), strict=True)
+    tensors = load_file(str(path), device="cpu")
+    shared = json.loads(metadata.get("shared", "{}"))  # {alias: stored name}; older files have none
+    for alias, name in shared.items():
+        if name not in tensors:
+            raise RuntimeError(f"{path}: the shared entry {alias!r} points at {name!r}, which the file does not hold")
+        tensors[alias] = tensors[name]
+    model.load_state_dict(tensors, strict=True)
     return model.to(device if device is not None else torch.device("cpu")).eval()

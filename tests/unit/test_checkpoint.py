@@ -93,3 +93,29 @@ def test_refusals(tmp_path):
     save_file(tensors, str(broken), metadata=meta)
     with pytest.raises(RuntimeError, match="lm_head.bias"):
         load_checkpoint(broken, GPT, GPTConfig)
+
+
+def test_a_tied_model_round_trips_stored_once_and_stays_tied(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, d_model=16, n_heads=2, n_layers=2, d_ff=32,
+                          tie_embeddings=True)).eval()
+    with torch.no_grad():  # move the shared table off its initialization, so a round trip must carry it
+        model.token_embedding.weight.add_(torch.randn(11, 16, generator=torch.Generator().manual_seed(3)))
+    path = save_checkpoint(model, tmp_path / "tied.safetensors")
+    meta = read_metadata(path)
+    assert json.loads(meta["shared"]) == {"lm_head.weight": "token_embedding.weight"}
+    raw = load_file(str(path))
+    assert "lm_head.weight" not in raw and torch.equal(raw["token_embedding.weight"], model.token_embedding.weight)
+    loaded = load_checkpoint(path, GPT, GPTConfig)
+    assert loaded.config.tie_embeddings and loaded.lm_head.weight is loaded.token_embedding.weight
+    for name, t in model.state_dict().items():
+        assert torch.equal(t, loaded.state_dict()[name]), name
+    ids = torch.randint(0, 11, (2, 8), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(loaded(ids), model(ids), rtol=0, atol=0)
+    # An untied model records no aliases; an alias naming a missing tensor is refused.
+    assert json.loads(read_metadata(save_checkpoint(_gpt(), tmp_path / "u.safetensors"))["shared"]) == {}
+    del raw["token_embedding.weight"]
+    broken = tmp_path / "broken.safetensors"
+    save_file(raw, str(broken), metadata=meta)
+    with pytest.raises(RuntimeError, match="token_embedding.weight"):
+        load_checkpoint(broken, GPT, GPTConfig)

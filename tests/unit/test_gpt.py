@@ -380,3 +380,37 @@ def test_generate_with_a_tiny_temperature_is_greedy():
     model, prompt = _model(), _ids(1, 4, 0)
     greedy = model.generate(prompt, 6, greedy=True)
     assert torch.equal(model.generate(prompt, 6, temperature=1e-39, generator=torch.Generator().manual_seed(1)), greedy)
+
+
+def test_tied_embeddings_share_one_parameter_and_save_v_times_d():
+    """Press & Wolf 2017: the read-out's weight IS the embedding table; V * D fewer parameters."""
+    kw = dict(vocab_size=11, block_size=8, d_model=16, n_heads=2, n_layers=2, d_ff=32)
+    torch.manual_seed(0)
+    untied = GPT(GPTConfig(**kw))
+    torch.manual_seed(0)
+    tied = GPT(GPTConfig(**kw, tie_embeddings=True))
+    assert tied.lm_head.weight is tied.token_embedding.weight
+    assert untied.lm_head.weight is not untied.token_embedding.weight
+    n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731  (parameters() lists a shared one once)
+    assert n(untied) - n(tied) == 11 * 16
+    # Every other parameter starts from the same numbers for one seed (the tie only drops a matrix).
+    tied_state = tied.state_dict()
+    for name, t in untied.state_dict().items():
+        if name != "lm_head.weight":
+            assert torch.equal(t, tied_state[name]), name
+    # The logits are the final hidden states (captured after ln_f) times the embedding table, plus the bias.
+    ids = torch.randint(0, 11, (2, 8), generator=torch.Generator().manual_seed(1))
+    hidden = []
+    hook = tied.ln_f.register_forward_hook(lambda module, args, out: hidden.append(out))
+    with torch.no_grad():
+        logits = tied(ids)
+    hook.remove()
+    expected = hidden[0] @ tied.token_embedding.weight.T + tied.lm_head.bias  # (2, 8, 16) @ (16, 11)
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+    # One gradient step keeps the two names on one tensor.
+    tied(ids).sum().backward()
+    torch.optim.SGD(tied.parameters(), lr=0.1).step()
+    assert tied.lm_head.weight is tied.token_embedding.weight
+    with pytest.raises(TypeError, match="tie_embeddings must be a bool"):
+        GPTConfig(**kw, tie_embeddings=1)
+    assert GPTConfig(vocab_size=11).tie_embeddings is False

@@ -6,5 +6,6 @@ initialisation, the trained MiniLM and a training run), ``tying`` (chapter 03: w
 values to keys costs), ``two_lookups`` (chapter 06: two heads do two lookups one head of the same
 size cannot), ``qk_norm`` (chapter 07: how large attention logits grow in training, with and
 without QK-norm), ``positions`` (chapter 08: position schemes past the training length, and
-RoPE's rescalings), ``retrieval`` (chapter 14: attention learns to address).
+RoPE's rescalings), ``retrieval`` (chapter 14: attention learns to address), ``induction``
+(chapter 14: a previous-token head and induction heads in a two-layer attention-only model).
 """

@@ -79,6 +79,9 @@ class GPTConfig:
         positions: the position scheme, one of :data:`selfattn.positions.POSITION_SCHEMES`
             (``"learned"``, ``"sinusoidal"``, ``"rope"``, ``"alibi"``, ``"none"``).
         rope_base: RoPE's frequency base (a finite number > 1; used only by ``"rope"``).
+        tie_embeddings: share one (V, D) matrix between the token embedding and the read-out:
+            ``lm_head.weight`` IS ``token_embedding.weight`` (Press & Wolf 2017; Inan et al. 2017),
+            which saves V * D parameters; the read-out keeps its own bias. Default False.
 
     Raises:
         ValueError / TypeError: a size that is not a positive int, d_model not divisible by
@@ -96,9 +99,12 @@ class GPTConfig:
     d_ff: int = 256
     positions: str = "rope"
     rope_base: float = 10000.0
+    tie_embeddings: bool = False
 
     def __post_init__(self):
         # the sizes: chapter 04's checks, the same messages
+        if not isinstance(self.tie_embeddings, bool):
+            raise TypeError(f"tie_embeddings must be a bool; got {self.tie_embeddings!r}")
         TinyLMConfig(self.vocab_size, self.block_size, self.d_model, self.n_heads, self.n_layers, self.d_ff)
         if not isinstance(self.positions, str) or self.positions not in POSITION_SCHEMES:
             raise ValueError(f"positions must be one of {POSITION_SCHEMES}; got {self.positions!r}")
@@ -311,6 +317,10 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(TransformerBlock(config.block_config) for _ in range(config.n_layers))
         self.ln_f = nn.LayerNorm(config.d_model)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size)
+        if config.tie_embeddings:
+            # one Parameter in both places (Press & Wolf 2017): nn.Linear computes h @ weight.T, and
+            # the embedding's (V, D) table has exactly the read-out's (V, D) shape
+            self.lm_head.weight = self.token_embedding.weight
         self.positions = config.make_positions()  # last: the other parameters' init ignores the scheme
 
     def _check_ids(self, input_ids: torch.Tensor, start: int) -> None:
