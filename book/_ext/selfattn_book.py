@@ -111,6 +111,14 @@ def _poll_kernel_replies_in_slices() -> None:
 
 def setup(app):
     _poll_kernel_replies_in_slices()
+    # The notebooks are executed two at a time before Sphinx reads them (selfattn_parallel_exec);
+    # its worker processes apply the same kernel-reply fix.
+    import selfattn_parallel_exec
+
+    patch = f"{__name__}:{_poll_kernel_replies_in_slices.__name__}"
+    if patch not in selfattn_parallel_exec.WORKER_PATCHES:
+        selfattn_parallel_exec.WORKER_PATCHES.append(patch)
+    app.setup_extension("selfattn_parallel_exec")
     app.connect("config-inited", _theme_defaults)
     app.connect("builder-inited", _stage_static)
     # Early: Sphinx stops calling html-page-context handlers at the first that returns a template.
