@@ -13,6 +13,9 @@ The published book must read offline (issue 6), so nothing is loaded from a CDN:
   and ``nb_ipywidgets_js`` at these copies; the build fails if one of them is missing.
 
 Everything lands in ``_build/html/_static/selfattn-vendor/``.
+
+It also loads ``selfattn_parallel_exec`` (same folder): the notebooks are executed two at a time
+before Sphinx reads them, instead of one after another while it reads them (see that module).
 """
 
 from __future__ import annotations
