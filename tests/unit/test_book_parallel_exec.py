@@ -114,3 +114,17 @@ def test_notebooks_run_in_parallel_fresh_at_every_build_and_failures_are_named(t
         "    assert ok, f'helper.OK is {ok}'",
         "AssertionError: helper.OK is False",
     ], third.stdout[-4000:] + third.stderr[-4000:]
+
+
+def test_jobs_reads_the_variable_and_refuses_nonsense(monkeypatch):
+    sys.path.insert(0, str(EXT))
+    import selfattn_parallel_exec as ext
+
+    monkeypatch.setenv("SELFATTN_BOOK_JOBS", "3")
+    assert ext.jobs() == 3
+    monkeypatch.delenv("SELFATTN_BOOK_JOBS")
+    assert 1 <= ext.jobs() <= 2  # the default: two, or one on a single usable CPU
+    for bad in ("0", "-1", "two"):
+        monkeypatch.setenv("SELFATTN_BOOK_JOBS", bad)
+        with pytest.raises(ValueError, match="SELFATTN_BOOK_JOBS must be a whole number >= 1"):
+            ext.jobs()
