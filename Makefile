@@ -53,6 +53,9 @@ browser:
 
 # scripts/build_book.py runs `jupyter-book build` and, when a notebook fails, ends with the notebook,
 # cell, source line and exception (Sphinx buries them mid-traceback); the log is _build/book-build.log.
+# The notebooks are executed two at a time, one BLAS/OpenMP thread per kernel, by the book's
+# extension book/_ext/selfattn_parallel_exec.py (SELFATTN_BOOK_JOBS=N: N at a time; 1: one after
+# another, inside Sphinx, as MyST-NB's force mode does on its own).
 book: $(VENV)/.book $(VENV)/.vendor
 	$(PY) scripts/build_book.py . $(BOOK_FLAGS)
 

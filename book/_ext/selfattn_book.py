@@ -13,6 +13,9 @@ The published book must read offline (issue 6), so nothing is loaded from a CDN:
   and ``nb_ipywidgets_js`` at these copies; the build fails if one of them is missing.
 
 Everything lands in ``_build/html/_static/selfattn-vendor/``.
+
+It also loads ``selfattn_parallel_exec`` (same folder): the notebooks are executed two at a time
+before Sphinx reads them, instead of one after another while it reads them (see that module).
 """
 
 from __future__ import annotations
@@ -111,6 +114,14 @@ def _poll_kernel_replies_in_slices() -> None:
 
 def setup(app):
     _poll_kernel_replies_in_slices()
+    # The notebooks are executed two at a time before Sphinx reads them (selfattn_parallel_exec);
+    # its worker processes apply the same kernel-reply fix.
+    import selfattn_parallel_exec
+
+    patch = f"{__name__}:{_poll_kernel_replies_in_slices.__name__}"
+    if patch not in selfattn_parallel_exec.WORKER_PATCHES:
+        selfattn_parallel_exec.WORKER_PATCHES.append(patch)
+    app.setup_extension("selfattn_parallel_exec")
     app.connect("config-inited", _theme_defaults)
     app.connect("builder-inited", _stage_static)
     # Early: Sphinx stops calling html-page-context handlers at the first that returns a template.

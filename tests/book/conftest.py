@@ -24,7 +24,8 @@ LOG = BUILD / "book-build.log"
 def book_build() -> subprocess.CompletedProcess:
     """Run `jupyter-book build . -W -n --keep-going` from scratch, through scripts/build_book.py as
     `make book` does (so that a failure ends with the notebook, cell and assertion); the log is kept
-    in _build/.
+    in _build/. The book's extension (book/_ext/selfattn_parallel_exec.py) executes the notebooks
+    two at a time, as in `make book`; SELFATTN_BOOK_JOBS passes through to it.
 
     Set SELFATTN_REUSE_BOOK=1 to test an already built `_build/html` (e.g. right after `make book`).
     """
