@@ -126,6 +126,15 @@ def _to_execute(env, docnames) -> dict[str, Path] | None:
     return chosen
 
 
+def start_order(chosen, first) -> list[str]:
+    """The order in which the notebooks start: the documents named in ``first`` (``_config.yml``'s
+    ``selfattn_execute_first``, the slowest chapters, slowest first) before the others, which keep
+    their reading order. Starting the longest jobs first keeps one long chapter from running alone
+    at the end while the other worker idles."""
+    hinted = [d for d in first if d in chosen]
+    return hinted + [d for d in chosen if d not in hinted]
+
+
 def execute_in_parallel(app, env, docnames) -> None:
     """``env-before-read-docs``: execute the notebooks about to be read, N at a time."""
     from myst_nb.core.execute import ExecutionError
@@ -145,8 +154,9 @@ def execute_in_parallel(app, env, docnames) -> None:
     context = multiprocessing.get_context("spawn")  # a clean process: no state of Sphinx's
     with ProcessPoolExecutor(max_workers=n, mp_context=context, initializer=_init_worker,
                              initargs=(list(WORKER_PATCHES),)) as pool:
-        futures = {pool.submit(_execute, str(path), config.execution_timeout, config.execution_allow_errors,
-                               config.execution_in_temp): docname for docname, path in chosen.items()}
+        futures = {pool.submit(_execute, str(chosen[docname]), config.execution_timeout, config.execution_allow_errors,
+                               config.execution_in_temp): docname
+                   for docname in start_order(chosen, app.config.selfattn_execute_first)}
         try:
             for future in as_completed(futures):
                 docname = futures[future]
@@ -188,6 +198,7 @@ def _forget(app, exception) -> None:
 
 
 def setup(app):
+    app.add_config_value("selfattn_execute_first", [], "env")
     app.connect("env-before-read-docs", execute_in_parallel, priority=900)  # after the other handlers
     app.connect("source-read", substitute_executed)
     app.connect("build-finished", _forget)

@@ -128,3 +128,21 @@ def test_jobs_reads_the_variable_and_refuses_nonsense(monkeypatch):
         monkeypatch.setenv("SELFATTN_BOOK_JOBS", bad)
         with pytest.raises(ValueError, match="SELFATTN_BOOK_JOBS must be a whole number >= 1"):
             ext.jobs()
+
+
+def test_the_slowest_chapters_start_first_and_the_rest_keep_reading_order():
+    sys.path.insert(0, str(EXT))
+    import selfattn_parallel_exec as ext
+
+    chosen = {f"notebooks/{n}": Path(f"{n}.ipynb") for n in ("00_a", "08_b", "11_c", "14_d")}
+    first = ["notebooks/11_c", "notebooks/99_not_in_this_build", "notebooks/08_b"]
+    assert ext.start_order(chosen, first) == ["notebooks/11_c", "notebooks/08_b", "notebooks/00_a", "notebooks/14_d"]
+    assert ext.start_order(chosen, []) == list(chosen)
+
+
+def test_config_names_only_chapters_that_exist():
+    import yaml
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    first = config["sphinx"]["config"]["selfattn_execute_first"]
+    assert first and all((ROOT / f"{docname}.ipynb").is_file() for docname in first), first
