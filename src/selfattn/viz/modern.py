@@ -1,5 +1,5 @@
 """Figures for chapter 07's modern block: the residual stream's size by depth with and without a
-final RMSNorm, and the largest attention logit during training with and without QK-norm.
+final RMSNorm, and the largest attention score during training with and without QK-norm.
 
 Builders return ``plotly.graph_objects.Figure`` (never shown), each with a text description.
 
@@ -62,10 +62,10 @@ def stream_rms_figure(rms_without, rms_with) -> go.Figure:
 
 
 def logit_growth_figure(curves: Mapping[str, np.ndarray], bounds: Mapping[str, np.ndarray] | None = None) -> go.Figure:
-    """The largest |attention logit| after each training step, one line per run, log scale.
+    """The largest |attention score| (logit of the softmax) after each training step, one line per run, log scale.
 
     Args:
-        curves: run name -> (steps + 1,) largest |logit| at initialisation and after every step.
+        curves: run name -> (steps + 1,) largest |score| at initialisation and after every step.
         bounds: optional run name -> (steps + 1,) the QK-norm bound of that run, drawn dotted.
 
     Raises:
@@ -95,9 +95,9 @@ def logit_growth_figure(curves: Mapping[str, np.ndarray], bounds: Mapping[str, n
                                      line={"color": colour, "dash": "dot"}))  # fmt: skip
             summary.append(f"its bound ends at {b[-1]:.1f}")
     fig = go.Figure(traces)
-    fig.update_layout(title="Largest attention logit during training", height=420, template="plotly_white",
+    fig.update_layout(title="Largest attention score during training", height=420, template="plotly_white",
                       legend={"orientation": "h", "y": -0.25})  # fmt: skip
     fig.update_xaxes(title_text="training step")
     fig.update_yaxes(type="log", title_text="max |score| (log scale)")
-    return describe(fig, "Line plot, log scale, of the largest absolute attention logit after each training step; "
+    return describe(fig, "Line plot, log scale, of the largest absolute attention score after each training step; "
                          + "; ".join(summary) + ".")
