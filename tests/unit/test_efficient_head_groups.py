@@ -193,3 +193,26 @@ def test_an_error_in_a_group_is_raised_in_the_caller(two_threads, monkeypatch):
     q, k, v = (x.detach() for x in _qkv((1, 2, 20, 8), 20, 8))
     with pytest.raises(RuntimeError, match="broken group"):
         tiled_attention(q, k, v)
+
+
+def _child_runs_tiled(q, queue):
+    queue.put(tuple(tiled_attention(q, q, q).shape))
+
+
+def test_a_forked_child_runs_the_split_after_the_parent_did(two_threads):
+    """A fork copies the parent's pool objects but not their threads: the child must make new ones
+    (before the fix the child's call waited for ever)."""
+    import multiprocessing
+
+    q = torch.randn(1, 4, 32, 8)
+    tiled_attention(q, q, q)  # the parent's pool now exists
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child_runs_tiled, args=(q, queue))
+    child.start()
+    child.join(60)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive, "the forked child hung in tiled_attention"
+    assert child.exitcode == 0 and queue.get(timeout=5) == (1, 4, 32, 8)

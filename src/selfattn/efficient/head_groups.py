@@ -26,6 +26,7 @@ Introduced in chapter 10.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,6 +37,17 @@ __all__ = ["head_groups_apply", "split_applies", "worker_threads", "unsplit"]
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 _IN_WORKER = threading.local()
+
+
+def _forget_pools_in_child() -> None:
+    """After ``fork`` the child has the parent's pool objects but none of their threads: a task
+    submitted there would wait for ever. The child starts with no pools (new ones are made on use)."""
+    global _POOLS_LOCK
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()  # the parent's lock may have been held by another thread at the fork
+
+
+os.register_at_fork(after_in_child=_forget_pools_in_child)
 
 
 def _make_pool(n: int) -> ThreadPoolExecutor:
