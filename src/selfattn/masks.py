@@ -289,8 +289,10 @@ def prefix_lm_mask_mod(prefix_len: int):
 
     Source: Raffel et al. 2020; chapter 04.
     """
-    if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or prefix_len < 0:
-        raise ValueError(f"prefix_len must be an int >= 0; got {prefix_len!r}")
+    if isinstance(prefix_len, bool) or not isinstance(prefix_len, int):
+        raise TypeError(f"prefix_len must be an int >= 0; got {prefix_len!r} ({type(prefix_len).__name__})")
+    if prefix_len < 0:
+        raise ValueError(f"prefix_len must be an int >= 0; got {prefix_len}")
 
     def mask_mod(b, h, q_idx, kv_idx):
         return (kv_idx <= q_idx) | (kv_idx < prefix_len)

@@ -122,3 +122,14 @@ def test_mask_mod_errors():
         masks.sliding_window_mask_mod(0)
     with pytest.raises(ValueError, match="prefix_len"):
         masks.prefix_lm_mask_mod(-2)
+
+
+def test_prefix_lm_mask_mod_errors_say_type_or_value():
+    import pytest
+
+    from selfattn.masks import prefix_lm_mask_mod
+
+    with pytest.raises(TypeError, match=r"prefix_len must be an int >= 0; got '3' \(str\)"):
+        prefix_lm_mask_mod("3")
+    with pytest.raises(ValueError, match="prefix_len must be an int >= 0; got -1"):
+        prefix_lm_mask_mod(-1)
