@@ -63,12 +63,13 @@ lint: $(VENV)/.test
 	$(VENV)/bin/ruff check src tests bench notebooks
 
 # Unit, parity and chapter tests and every notebook under nbval, on 2 workers; then the book is
-# built (warnings are errors) and tested as HTML and in a real browser.
+# built (warnings are errors) and tested as HTML and in a real browser. --durations lists the slowest
+# tests in CI's log, where the 30-minute budget (DESIGN.md) is watched.
 test: lint $(VENV)/.vendor browser
 	# One BLAS/OpenMP thread per worker: two workers already use both cores, and oversubscribed
 	# OpenMP threads spin and slow each other down many times over.
-	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --nbval-lax tests/unit tests/parity tests/chapters notebooks
-	$(PY) -m pytest tests/book
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --durations=15 --nbval-lax tests/unit tests/parity tests/chapters notebooks
+	$(PY) -m pytest --durations=15 tests/book
 
 test-fast: $(VENV)/.test
 	$(PY) -m pytest -n 2 --dist loadfile tests/unit tests/parity tests/chapters
