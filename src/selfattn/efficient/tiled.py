@@ -8,6 +8,8 @@ linear in the sequence length. Tiles that a causal or sliding-window mask hides 
 and so are those hidden by a ``mask_mod(b, h, q_idx, kv_idx)`` (FlexAttention's way to describe a mask,
 Dong et al. 2024), which is evaluated on each tile's index grid: empty tiles are skipped, full tiles
 take the unmasked path, partial ones are masked.
+A sliding window whose band of keys fits one key tile per query block needs no online softmax at all:
+it has its own band kernel (``_window_band_forward_base2``), which batches many query blocks per product.
 An additive score bias (ALiBi, Press et al. 2022; chapter 08) is sliced per tile from a tensor or
 computed per tile from the tile's positions, so that ALiBi too runs without a (T, S) matrix.
 
@@ -532,10 +534,16 @@ def _window_band_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: 
     the same mask, so ``WINDOW_CHUNK_ROWS // block_q`` of them are one batched product, their key
     and value bands read as overlapping ``unfold`` views of K and V (no copy).
 
-    Only for finite q, k, v: ``NaN + -inf`` is NaN, so a NaN stored at a hidden key would survive the
-    added mask; such inputs take :func:`_tiled_forward_base2`, which removes it (masking by
-    replacement). Every row sees at least its own key, so no row is empty.
-    Source: Dao et al. (2022), Algorithm 1, with one key tile per query block.
+    Non-finite inputs: ``NaN + -inf`` is NaN and ``0 * inf`` is NaN, so a NaN or inf stored at a
+    hidden key or value would survive the added mask and reach the rows of its block. It cannot go
+    unseen: a NaN or ``+inf`` score makes its row's maximum, and so the whole row, NaN; a ``-inf`` score
+    is a hidden one (weight 0, as it should be); a non-finite value times a weight of 0 is NaN. So one
+    check of the finished output (a sum, no temporary) replaces checking q, k and v before (three
+    sums): if it holds a NaN or inf, the call is redone by :func:`_tiled_forward_base2`, which masks
+    by replacement (a finite output whose sum overflows is redone too: slower, still exact).
+    Every row sees at least its own key, so no row is empty.
+
+    Source: Dao et al. (2022), Algorithm 1, with one key tile per query block; chapter 09.
     """
     T, Dh, Dv, lead = q.shape[-2], q.shape[-1], v.shape[-1], q.shape[:-2]
     work, dev = _work_dtype(q.dtype), q.device
@@ -565,7 +573,8 @@ def _window_band_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: 
         mask = mask.expand(n, bq, width)
         for h in range(BH):
             # the scaled queries, rounded as the backward rounds them (it recomputes the scores from them)
-            q_t = q_buffer[: n * bq * Dh].view(n, bq, Dh).copy_(q3[h, i0:i1].view(n, bq, Dh)).mul_(scale * _LOG2E)
+            q_t = torch.mul(q3[h, i0:i1].view(n, bq, Dh).to(work), scale * _LOG2E,
+                            out=q_buffer[: n * bq * Dh].view(n, bq, Dh))  # (n, bq, Dh)
             k_bands = k3[h, j0:j1].to(work).unfold(0, width, block_q)  # (n, Dh, width): block b's keys, transposed
             v_bands = v3[h, j0:j1].to(work).unfold(0, width, block_q).transpose(1, 2)  # (n, width, Dv)
             # mask + (n, bq, Dh) @ (n, Dh, width) -> (n, bq, width): base-2 scores, the hidden ones -inf
