@@ -58,12 +58,12 @@ def _numpy_forward_and_backward(q, k, v, keep, d_out):
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("T,window", [(29, 1), (29, 3), (29, 11), (29, 28), (29, 29), (29, 100), (64, 16), (1, 1)])
-@pytest.mark.parametrize("block_q,chunk_rows", [(4, 8), (7, 1024), (16, 16), (WINDOW_BLOCK_Q, 1024), (1, 5)])
+@pytest.mark.parametrize("block_q,budget", [(4, 100), (7, 1 << 19), (16, 16), (WINDOW_BLOCK_Q, 1 << 19), (1, 5)])
 def test_band_kernel_equals_the_dense_band_and_numpy_forward_and_backward(band, monkeypatch, causal, T, window,
-                                                                          block_q, chunk_rows):
+                                                                          block_q, budget):
     """T = 29 is no multiple of any block; windows 1 (only itself), inside T, T - 1, T and past T;
-    chunk_rows below block_q (one block per product), at it, and spanning several blocks."""
-    monkeypatch.setattr(tiled_module, "WINDOW_CHUNK_ROWS", chunk_rows)
+    a tile budget below one block (one block per product), of a few blocks, and of the whole length."""
+    monkeypatch.setattr(tiled_module, "WINDOW_TILE_SCORES", budget)
     q, k, v = _qkv(T, seed=T + window + block_q)
     out, lse = _forward_with_lse(q, k, v, window, causal, block_q)
     assert set(band) == {"band"}, "the band kernel ran (once per head group), without falling back"
@@ -79,6 +79,25 @@ def test_band_kernel_equals_the_dense_band_and_numpy_forward_and_backward(band, 
     for name, got, want, want_np in zip("qkv", grads, dense_grads, np_grads, strict=True):
         torch.testing.assert_close(got, want, atol=1e-12, rtol=0, msg=f"d{name} against the dense band")
         np.testing.assert_allclose(got.numpy(), want_np, atol=1e-12, rtol=0, err_msg=f"d{name} against NumPy")
+
+
+@pytest.mark.parametrize("T", [1, 29, 64, 300])
+@pytest.mark.parametrize("block_q", [1, 4, 7, 32])
+@pytest.mark.parametrize("before,after", [(0, 0), (3, 0), (15, 0), (40, 0), (3, 3), (40, 40), (400, 400)])
+@pytest.mark.parametrize("budget", [1, 200, 1 << 19])
+def test_band_spans_cover_every_row_once_with_its_band_and_within_the_budget(T, block_q, before, after, budget):
+    spans = tiled_module._band_spans(T, block_q, before, after, budget)
+    assert [s[0] for s in spans] == [0] + [s[1] for s in spans[:-1]] and spans[-1][1] == T  # in order, no gap
+    for i0, i1, j0, j1, n in spans:
+        assert i1 > i0 and n >= 1 and (i1 - i0) % n == 0
+        bq = (i1 - i0) // n
+        width = j1 - j0 - (n - 1) * block_q
+        if n > 1:  # inner blocks: whole blocks, the full band inside [0, T), several only within the budget
+            assert bq == block_q and j0 == i0 - before >= 0 and j1 == i1 + after <= T
+            assert width == block_q + before + after and n * bq * width <= budget
+        else:  # one tile: its rows' keys cut to [0, T); beyond one block only within the budget
+            assert (j0, j1) == (max(i0 - before, 0), min(i1 + after, T))
+            assert i1 - i0 <= block_q or (i1 - i0) * (j1 - j0) <= budget
 
 
 def _forward_with_lse(q, k, v, window, causal, block_q, block_k=WINDOW_BLOCK_K):

@@ -51,11 +51,13 @@ __all__ = ["Visibility", "tiled_attention", "mask_mod_tile_kinds", "TILE_EMPTY",
 DEFAULT_BLOCK_Q = 512
 DEFAULT_BLOCK_K = 512
 # A sliding window's tiles: short query blocks, so that the band each one reads (block_q + window - 1
-# keys, trimmed by Visibility.key_span) is little more than the window (at w=256: 64-row blocks compute
-# 320 scores a row for 256 visible, 128-row blocks 384), and key blocks long enough that the band is one
-# tile, so that the band kernel (_window_band_forward_base2) applies; the buffers are sized by the band,
-# not by block_k. Measured by bench/attention_bench.py (w=256, T=8192): block_q 64 against 32-128.
-WINDOW_BLOCK_Q = 64
+# keys, trimmed by Visibility.key_span) is little more than the window (at w=256: 32-row blocks compute
+# 288 scores a row for 256 visible, 64-row blocks 320, 128-row blocks 384), and key blocks long enough
+# that the band is one tile, so that the band kernel (_window_band_forward_base2) applies; the buffers
+# are sized by the band, not by block_k. Measured by bench/attention_bench.py (w=256, T=8192): in the
+# forward, 32 beat 16, 64 and 128 (one thread: 34 ms for 4 heads against 37.5 at 64); the backward,
+# which takes the same blocks, was faster at 64 (157 ms against 190 ms at 32 and 161 at 128).
+WINDOW_BLOCK_Q = 32
 WINDOW_BLOCK_K = 1 << 16
 _HALF = (torch.float16, torch.bfloat16)
 # Scores are kept in base 2 (s log2 e: the queries are scaled by scale * log2 e) so that the tiles use exp2,
@@ -497,11 +499,11 @@ def _partial_tile_by_strips(q_t, k_t, v_t, m, l, acc, vis: Visibility, structura
         m_s.copy_(m_new)
 
 
-# Query rows per batched product of the band kernel (WINDOW_CHUNK_ROWS // block_q query blocks of one
-# head at once). Every product and pass is one Python call, and the head groups' threads take turns
-# at Python's lock between calls, so fewer, larger calls win until the score tile (1024 x 320 float32,
-# 1.3 MiB at w=256) outgrows a core's L2 cache: 512-8192 rows measured (w=256, T=8192), 1024 the best.
-WINDOW_CHUNK_ROWS = 1024
+# Scores per product of the band kernel (one head's query blocks, batched). Every product and pass is one
+# Python call, and the head groups' threads take turns at Python's lock between calls, so fewer, larger
+# calls win as long as the tile stays near a core's L2 cache (1 MiB here): 2^19 float32 scores (2 MiB) are
+# 56 blocks of 32 x 288 at w=256. Measured with bench/attention_bench.py's window (w=256, T=8192).
+WINDOW_TILE_SCORES = 1 << 19
 # The band of keys is widened to a multiple of this many columns (the extra keys are hidden by the
 # mask): rows of 16 float32 are whole AVX-512 vectors, and amax over 320 columns ran 2-3 times faster
 # than over 319 (w=256, block_q=64).
@@ -531,8 +533,9 @@ def _window_band_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: 
     not online: the scores once, with the band's mask added inside the product (``baddbmm``), their
     exact row maximum, ``exp2`` in place, the row sum, the product with V and one division; no
     running maximum, rescaling or state. Blocks whose band lies inside [0, T) have the same shape and
-    the same mask, so ``WINDOW_CHUNK_ROWS // block_q`` of them are one batched product, their key
-    and value bands read as overlapping ``unfold`` views of K and V (no copy).
+    the same mask, so as many as ``WINDOW_TILE_SCORES`` scores hold are one batched product, their key
+    and value bands read as overlapping ``unfold`` views of K and V (no copy); the rows near 0 and T
+    are a few larger tiles (:func:`_band_spans`).
 
     Non-finite inputs: ``NaN + -inf`` is NaN and ``0 * inf`` is NaN, so a NaN or inf stored at a
     hidden key or value would survive the added mask and reach the rows of its block. It cannot go
@@ -557,9 +560,10 @@ def _window_band_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: 
     after = 0 if vis.causal_offset is not None else vis.window - 1
     before = vis.window - 1
     before += (-(block_q + before + after)) % _BAND_ALIGN  # hidden keys that round the band up
-    spans = _band_spans(T, block_q, before, after, max(1, WINDOW_CHUNK_ROWS // block_q))
+    spans = _band_spans(T, block_q, before, after, WINDOW_TILE_SCORES)
     rows = max(i1 - i0 for i0, i1, _, _, _ in spans)
-    s_buffer = torch.empty(rows * min(block_q + before + after, T), dtype=work, device=dev)  # reused
+    scores = max((i1 - i0) * (j1 - j0 - (n - 1) * block_q) for i0, i1, j0, j1, n in spans)
+    s_buffer = torch.empty(scores, dtype=work, device=dev)  # reused by every product
     q_buffer = torch.empty(rows * Dh, dtype=work, device=dev)
     acc_buffer = None if out.dtype == work else torch.empty(rows * Dv, dtype=work, device=dev)
     inner_mask = None  # every span of n > 1 blocks has the same (block_q, band) mask: built once
@@ -593,17 +597,36 @@ def _window_band_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: 
     return out.view(*lead, T, Dv), row_max.view(*lead, T), row_sum.log2_().view(*lead, T)
 
 
-def _band_spans(T: int, block_q: int, before: int, after: int, chunk: int) -> list[tuple[int, int, int, int, int]]:
+def _band_spans(T: int, block_q: int, before: int, after: int, budget: int) -> list[tuple[int, int, int, int, int]]:
     """The band kernel's products as ``(i0, i1, j0, j1, n)``: n query blocks of rows [i0, i1) reading
-    keys [j0, j1). Blocks whose band [i0 - before, i1 + after) lies inside [0, T) go ``chunk`` at a
-    time (n blocks of ``block_q`` rows, band ``block_q + before + after``); the others (near the ends,
-    and a last block shorter than ``block_q``) one at a time with their band cut to [0, T)."""
-    spans, i0 = [], 0
-    while i0 < T:
-        inner = i0 >= before and i0 + block_q + after <= T
-        n = min(chunk, (T - after - i0) // block_q) if inner else 1
-        i1 = min(i0 + n * block_q, T)
-        spans.append((i0, i1, max(i0 - before, 0), min(i1 + after, T), n))
+    keys [j0, j1), each product of at most ``budget`` scores (or one block of ``block_q`` rows).
+
+    Inner blocks, whose band [i0 - before, i0 + block_q + after) lies inside [0, T), start at the first
+    multiple of block_q >= before and share one shape and mask: as many per product as the budget
+    holds. The rows before them and after them (the band cut at 0 or T; a last block shorter than
+    block_q) are cut into spans of whole blocks, each one tile (n = 1) with its own keys, as large as
+    the budget allows: few Python calls, and the memory bounded by the budget, not by the window."""
+    width = block_q + before + after
+    first = min(-(-before // block_q) * block_q, T)
+    count = max(0, (T - after - first) // block_q)  # the inner blocks
+    first, last = (first, first + count * block_q) if count else (T, T)
+    spans = _band_edge_spans(0, first, T, block_q, before, after, budget)
+    step = max(1, budget // (block_q * width)) * block_q
+    for i0 in range(first, last, step):
+        i1 = min(i0 + step, last)
+        spans.append((i0, i1, i0 - before, i1 + after, (i1 - i0) // block_q))
+    return spans + _band_edge_spans(last, T, T, block_q, before, after, budget)
+
+
+def _band_edge_spans(a: int, b: int, T: int, block_q: int, before: int, after: int, budget: int):
+    """Rows [a, b) as one-tile spans ``(i0, i1, j0, j1, 1)`` of whole blocks, each as long as its
+    (rows x keys) tile stays within ``budget`` (at least one block)."""
+    spans, i0 = [], a
+    while i0 < b:
+        i1 = min(i0 + block_q, b)
+        while i1 < b and (min(i1 + block_q, b) - i0) * (min(min(i1 + block_q, b) + after, T) - max(i0 - before, 0)) <= budget:
+            i1 = min(i1 + block_q, b)
+        spans.append((i0, i1, max(i0 - before, 0), min(i1 + after, T), 1))
         i0 = i1
     return spans
 
