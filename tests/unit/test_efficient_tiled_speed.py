@@ -1,6 +1,6 @@
 """The fast paths of the tiled torch loop (issue 13, item 5) compute what the general loop computes:
 partly visible causal/window tiles in row strips, the backward's fast loop, the window's default
-blocks (the window's band kernel: test_efficient_window_band.py). Speed itself is measured by bench/attention_bench.py, never here."""
+blocks (the window's band kernel: test_efficient_tiled_window_band.py). Speed itself is measured by bench/attention_bench.py, never here."""
 
 import pytest
 import torch
@@ -59,7 +59,7 @@ def test_causal_tiles_in_strips_match_the_reference(strips, T, S, alignment, blo
 @pytest.mark.parametrize("blocks", [{"block_q": 16, "block_k": 12}, {"block_q": 10, "block_k": 6}])
 def test_window_tiles_in_strips_match_the_reference(strips, window, causal, blocks):
     """Key tiles narrower than a query block's band: the general loop (the band kernel needs one
-    tile per band; tests/unit/test_efficient_window_band.py)."""
+    tile per band; tests/unit/test_efficient_tiled_window_band.py)."""
     q, k, v = _qkv(41, 41, seed=window)
     out = sliding_window_tiled_attention(q, k, v, window, causal, **blocks)
     assert strips
