@@ -8,6 +8,8 @@ linear in the sequence length. Tiles that a causal or sliding-window mask hides 
 and so are those hidden by a ``mask_mod(b, h, q_idx, kv_idx)`` (FlexAttention's way to describe a mask,
 Dong et al. 2024), which is evaluated on each tile's index grid: empty tiles are skipped, full tiles
 take the unmasked path, partial ones are masked.
+A sliding window whose band of keys fits one key tile per query block needs no online softmax at all:
+it has its own band kernel (``_window_band_forward_base2``), which batches many query blocks per product.
 An additive score bias (ALiBi, Press et al. 2022; chapter 08) is sliced per tile from a tensor or
 computed per tile from the tile's positions, so that ALiBi too runs without a (T, S) matrix.
 
@@ -49,10 +51,13 @@ __all__ = ["Visibility", "tiled_attention", "mask_mod_tile_kinds", "TILE_EMPTY",
 DEFAULT_BLOCK_Q = 512
 DEFAULT_BLOCK_K = 512
 # A sliding window's tiles: short query blocks, so that the band each one reads (block_q + window - 1
-# keys, trimmed by Visibility.key_span) is little more than the window, and key blocks long enough
-# that the band is one tile, not two cut at a block boundary (the buffers are sized by the band, not
-# by block_k). Measured by bench/attention_bench.py (w=256, T=8192).
-WINDOW_BLOCK_Q = 128
+# keys, trimmed by Visibility.key_span) is little more than the window (at w=256: 32-row blocks compute
+# 288 scores a row for 256 visible, 64-row blocks 320, 128-row blocks 384), and key blocks long enough
+# that the band is one tile, so that the band kernel (_window_band_forward_base2) applies; the buffers
+# are sized by the band, not by block_k. Measured by bench/attention_bench.py (w=256, T=8192): in the
+# forward, 32 beat 16, 64 and 128 (one thread: 34 ms for 4 heads against 37.5 at 64); the backward,
+# which takes the same blocks, was faster at 64 (157 ms against 190 ms at 32 and 161 at 128).
+WINDOW_BLOCK_Q = 32
 WINDOW_BLOCK_K = 1 << 16
 _HALF = (torch.float16, torch.bfloat16)
 # Scores are kept in base 2 (s log2 e: the queries are scaled by scale * log2 e) so that the tiles use exp2,
@@ -182,6 +187,17 @@ def _flat_keep(keep, lead: torch.Size, tile: torch.Size):
     return keep.expand(*lead, *keep.shape[-2:]).reshape(tile)  # (..., bq, bk) -> (BH, bq, bk)
 
 
+def _band_bias(lo: int | None, hi: int | None, rows: int, cols: int, dtype, device) -> torch.Tensor:
+    """The (rows, cols) additive mask that keeps entry (r, c) iff ``lo <= c - r <= hi`` (0 there,
+    ``-inf`` elsewhere; None: no bound), the diagonals of :meth:`Visibility.band`."""
+    keep = torch.ones(rows, cols, dtype=torch.bool, device=device)
+    if hi is not None:
+        keep.tril_(hi)
+    if lo is not None:
+        keep.triu_(lo)
+    return torch.zeros(rows, cols, dtype=dtype, device=device).masked_fill_(~keep, -math.inf)
+
+
 class _StructuralBias:
     """Additive masks (0 where visible, ``-inf`` where hidden) of the partially visible tiles of a
     causal or sliding-window structure, built once per forward call and reused: with T == S and
@@ -195,12 +211,7 @@ class _StructuralBias:
         lo, hi = self.vis.band(i0, j0)
         bias = self.cache.get((lo, hi, rows, cols))
         if bias is None:
-            keep = torch.ones(rows, cols, dtype=torch.bool, device=self.device)
-            if hi is not None:
-                keep.tril_(hi)
-            if lo is not None:
-                keep.triu_(lo)
-            bias = torch.zeros(rows, cols, dtype=self.dtype, device=self.device).masked_fill_(~keep, -math.inf)
+            bias = _band_bias(lo, hi, rows, cols, self.dtype, self.device)
             self.cache[(lo, hi, rows, cols)] = bias
         return bias
 
@@ -488,6 +499,138 @@ def _partial_tile_by_strips(q_t, k_t, v_t, m, l, acc, vis: Visibility, structura
         m_s.copy_(m_new)
 
 
+# Scores per product of the band kernel (one head's query blocks, batched). Every product and pass is one
+# Python call, and the head groups' threads take turns at Python's lock between calls, so fewer, larger
+# calls win as long as the tile stays near a core's L2 cache (1 MiB here): 2^19 float32 scores (2 MiB) are
+# 56 blocks of 32 x 288 at w=256. Measured with bench/attention_bench.py's window (w=256, T=8192).
+WINDOW_TILE_SCORES = 1 << 19
+# The band of keys is widened to a multiple of this many columns (the extra keys are hidden by the
+# mask): rows of 16 float32 are whole AVX-512 vectors, and amax over 320 columns ran 2-3 times faster
+# than over 319 (w=256, block_q=64).
+_BAND_ALIGN = 16
+
+
+def band_fits_one_tile(vis: Visibility, bias, block_q: int, block_k: int, S: int) -> bool:
+    """Whether :func:`_window_band_forward_base2` applies: a sliding window (no mask tensor, mask_mod or
+    bias, not bottom-right) whose band of keys for one query block fits one key tile, so that no
+    query block ever needs a second key tile (and so no online rescaling)."""
+    if vis.window is None or vis.mask is not None or vis.mask_mod is not None or bias is not None:
+        return False
+    if vis.causal_offset not in (None, 0):
+        return False
+    return min(block_k, S) >= vis.max_keys(block_q, S, S)
+
+
+@torch.no_grad()
+def _window_band_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, block_k: int,
+                               *, bias=None, out=None):
+    """The forward of a sliding window whose band fits one key tile (:func:`band_fits_one_tile`):
+    the contract and returns of :func:`_tiled_forward_base2` (q (..., T, Dh), k (..., T, Dh), v
+    (..., T, Dv); ``(out, m2, log2_l)``), in fewer passes over each tile.
+
+    A block of queries [i0, i1) sees the keys [i0 - before, i1 + after) (``before = window - 1``,
+    ``after`` 0 if causal, else ``window - 1``; cut to [0, T)), all in one tile, so its softmax is
+    not online: the scores once, with the band's mask added inside the product (``baddbmm``), their
+    exact row maximum, ``exp2`` in place, the row sum, the product with V and one division; no
+    running maximum, rescaling or state. Blocks whose band lies inside [0, T) have the same shape and
+    the same mask, so as many as ``WINDOW_TILE_SCORES`` scores hold are one batched product, their key
+    and value bands read as overlapping ``unfold`` views of K and V (no copy); the rows near 0 and T
+    are a few larger tiles (:func:`_band_spans`).
+
+    Non-finite inputs: ``NaN + -inf`` is NaN and ``0 * inf`` is NaN, so a NaN or inf stored at a
+    hidden key or value would survive the added mask and reach the rows of its block. It cannot go
+    unseen: a NaN or ``+inf`` score makes its row's maximum, and so the whole row, NaN; a ``-inf`` score
+    is a hidden one (weight 0, as it should be); a non-finite value times a weight of 0 is NaN. So one
+    check of the finished output (a sum, no temporary) replaces checking q, k and v before (three
+    sums): if it holds a NaN or inf, the call is redone by :func:`_tiled_forward_base2`, which masks
+    by replacement (a finite output whose sum overflows is redone too: slower, still exact).
+    Every row sees at least its own key, so no row is empty.
+
+    Source: Dao et al. (2022), Algorithm 1, with one key tile per query block; chapter 09.
+    """
+    T, Dh, Dv, lead = q.shape[-2], q.shape[-1], v.shape[-1], q.shape[:-2]
+    work, dev = _work_dtype(q.dtype), q.device
+    if q.numel() == 0 or v.numel() == 0:
+        return _tiled_forward_base2(q, k, v, vis, scale, block_q, block_k, out=out)
+    BH = math.prod(lead)
+    q3, k3, v3 = q.reshape(BH, T, Dh), k.reshape(BH, T, Dh), v.reshape(BH, T, Dv)  # (..., T, D) -> (BH, T, D)
+    out = torch.empty(BH, T, Dv, dtype=q.dtype, device=dev) if out is None else out.view(BH, T, Dv)
+    row_max = torch.empty(BH, T, dtype=work, device=dev)
+    row_sum = torch.empty(BH, T, dtype=work, device=dev)  # l; its log2 is taken once at the end
+    after = 0 if vis.causal_offset is not None else vis.window - 1
+    before = vis.window - 1
+    before += (-(block_q + before + after)) % _BAND_ALIGN  # hidden keys that round the band up
+    spans = _band_spans(T, block_q, before, after, WINDOW_TILE_SCORES)
+    rows = max(i1 - i0 for i0, i1, _, _, _ in spans)
+    scores = max((i1 - i0) * (j1 - j0 - (n - 1) * block_q) for i0, i1, j0, j1, n in spans)
+    s_buffer = torch.empty(scores, dtype=work, device=dev)  # reused by every product
+    q_buffer = torch.empty(rows * Dh, dtype=work, device=dev)
+    acc_buffer = None if out.dtype == work else torch.empty(rows * Dv, dtype=work, device=dev)
+    inner_mask = None  # every span of n > 1 blocks has the same (block_q, band) mask: built once
+    for i0, i1, j0, j1, n in spans:  # n query blocks [i0, i1), keys [j0, j1)
+        bq, width = (i1 - i0) // n, j1 - j0 - (n - 1) * block_q  # rows and keys of each block
+        if n > 1 and inner_mask is not None:
+            mask = inner_mask
+        else:  # built once per span and used by every head (never kept for all spans: w >= T has T / bq)
+            mask = _band_bias(*vis.band(i0, j0), bq, width, work, dev)  # (bq, width): 0 or -inf
+            inner_mask = mask if n > 1 else None
+        mask = mask.expand(n, bq, width)
+        for h in range(BH):
+            # the scaled queries, rounded as the backward rounds them (it recomputes the scores from them)
+            q_t = torch.mul(q3[h, i0:i1].view(n, bq, Dh).to(work), scale * _LOG2E,
+                            out=q_buffer[: n * bq * Dh].view(n, bq, Dh))  # (n, bq, Dh)
+            k_bands = k3[h, j0:j1].to(work).unfold(0, width, block_q)  # (n, Dh, width): block b's keys, transposed
+            v_bands = v3[h, j0:j1].to(work).unfold(0, width, block_q).transpose(1, 2)  # (n, width, Dv)
+            # mask + (n, bq, Dh) @ (n, Dh, width) -> (n, bq, width): base-2 scores, the hidden ones -inf
+            s = torch.baddbmm(mask, q_t, k_bands, out=s_buffer[: n * bq * width].view(n, bq, width))
+            m = torch.amax(s, dim=-1, out=row_max[h, i0:i1].view(n, bq))  # exact: the row's every key is here
+            p = s.sub_(m[..., None]).exp2_()  # in place: the one tile buffer
+            l = torch.sum(p, dim=-1, out=row_sum[h, i0:i1].view(n, bq))  # >= 1 (the maximum's own exp2(0))
+            rows_out = out[h, i0:i1].view(n, bq, Dv)
+            acc = rows_out if acc_buffer is None else acc_buffer[: n * bq * Dv].view(n, bq, Dv)
+            torch.bmm(p, v_bands, out=acc).div_(l[..., None])  # (n, bq, width) @ (n, width, Dv) -> (n, bq, Dv)
+            if acc_buffer is not None:
+                rows_out.copy_(acc)  # to the half dtype
+    if not bool(torch.isfinite(out.sum(dtype=work))):  # see the docstring: redo it the safe way
+        return _tiled_forward_base2(q, k, v, vis, scale, block_q, block_k, out=out)
+    # (BH, T, Dv) -> (..., T, Dv); (BH, T) -> (..., T)
+    return out.view(*lead, T, Dv), row_max.view(*lead, T), row_sum.log2_().view(*lead, T)
+
+
+def _band_spans(T: int, block_q: int, before: int, after: int, budget: int) -> list[tuple[int, int, int, int, int]]:
+    """The band kernel's products as ``(i0, i1, j0, j1, n)``: n query blocks of rows [i0, i1) reading
+    keys [j0, j1), each product of at most ``budget`` scores (or one block of ``block_q`` rows).
+
+    Inner blocks, whose band [i0 - before, i0 + block_q + after) lies inside [0, T), start at the first
+    multiple of block_q >= before and share one shape and mask: as many per product as the budget
+    holds. The rows before them and after them (the band cut at 0 or T; a last block shorter than
+    block_q) are cut into spans of whole blocks, each one tile (n = 1) with its own keys, as large as
+    the budget allows: few Python calls, and the memory bounded by the budget, not by the window."""
+    width = block_q + before + after
+    first = min(-(-before // block_q) * block_q, T)
+    count = max(0, (T - after - first) // block_q)  # the inner blocks
+    first, last = (first, first + count * block_q) if count else (T, T)
+    spans = _band_edge_spans(0, first, T, block_q, before, after, budget)
+    step = max(1, budget // (block_q * width)) * block_q
+    for i0 in range(first, last, step):
+        i1 = min(i0 + step, last)
+        spans.append((i0, i1, i0 - before, i1 + after, (i1 - i0) // block_q))
+    return spans + _band_edge_spans(last, T, T, block_q, before, after, budget)
+
+
+def _band_edge_spans(a: int, b: int, T: int, block_q: int, before: int, after: int, budget: int):
+    """Rows [a, b) as one-tile spans ``(i0, i1, j0, j1, 1)`` of whole blocks, each as long as its
+    (rows x keys) tile stays within ``budget`` (at least one block)."""
+    spans, i0 = [], a
+    while i0 < b:
+        i1 = min(i0 + block_q, b)
+        while i1 < b and (min(i1 + block_q, b) - i0) * (min(min(i1 + block_q, b) + after, T) - max(i0 - before, 0)) <= budget:
+            i1 = min(i1 + block_q, b)
+        spans.append((i0, i1, max(i0 - before, 0), min(i1 + after, T), 1))
+        i0 = i1
+    return spans
+
+
 @torch.no_grad()
 def tiled_backward_torch(q, k, v, out, lse2, d_out, vis: Visibility, scale: float, block_q: int,
                          block_k: int, *, bias=None):
@@ -671,11 +814,14 @@ class _TiledAttentionFunction(torch.autograd.Function):
         forward = tiled_forward_torch if tile_bias is not None else pick_forward(q, vis)
         backward = tiled_backward_torch
         n_groups = _head_groups(q, vis, tile_bias)
+        # a window whose band fits one key tile: the band kernel (no online softmax), else the general loop
+        base2 = (_window_band_forward_base2 if band_fits_one_tile(vis, tile_bias, block_q, block_k, S)
+                 else _tiled_forward_base2)
         if forward is tiled_forward_torch and n_groups > 1:  # heads split over the CPU's threads
-            out, m2, log2_l = _forward_by_head_groups(q, k, v, vis, scale, block_q, block_k, n_groups)
+            out, m2, log2_l = _forward_by_head_groups(base2, q, k, v, vis, scale, block_q, block_k, n_groups)
             lse = (m2 + log2_l) * _LN2
         elif forward is tiled_forward_torch:  # keep the loop's own base-2 lse: the backward needs it exact
-            out, m2, log2_l = _tiled_forward_base2(q, k, v, vis, scale, block_q, block_k, bias=tile_bias)
+            out, m2, log2_l = base2(q, k, v, vis, scale, block_q, block_k, bias=tile_bias)
             lse = (m2 + log2_l) * _LN2
         else:  # the Triton kernel works in natural log
             out, lse = forward(q, k, v, vis, scale, block_q, block_k)
@@ -719,15 +865,17 @@ def _head_groups(q, vis: Visibility, bias) -> int:
     return head_groups.split_applies(q, math.prod(q.shape[:-2]))
 
 
-def _forward_by_head_groups(q, k, v, vis: Visibility, scale: float, block_q: int, block_k: int, n_groups: int):
-    """:func:`_tiled_forward_base2` on ``n_groups`` groups of heads at once, one thread each, writing
-    into one output; returns ``(out, m2, log2_l)`` as it does."""
+def _forward_by_head_groups(base2, q, k, v, vis: Visibility, scale: float, block_q: int, block_k: int,
+                            n_groups: int):
+    """``base2`` (:func:`_tiled_forward_base2` or :func:`_window_band_forward_base2`) on ``n_groups``
+    groups of heads at once, one thread each, writing into one output; returns ``(out, m2, log2_l)``
+    as it does."""
     T, S, Dh, Dv, lead = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.shape[:-2]
     BH = math.prod(lead)
     out = torch.empty(BH, T, Dv, dtype=q.dtype, device=q.device)
 
     def group(q_g, k_g, v_g, out_g):  # (G, T, Dh), (G, S, Dh), (G, S, Dv), (G, T, Dv): G heads
-        _, m2, log2_l = _tiled_forward_base2(q_g, k_g, v_g, vis, scale, block_q, block_k, out=out_g)
+        _, m2, log2_l = base2(q_g, k_g, v_g, vis, scale, block_q, block_k, out=out_g)
         return m2, log2_l
 
     parts = head_groups.head_groups_apply(

@@ -92,11 +92,23 @@ def sliding_window_tiled_attention(q, k, v, window: int, causal: bool = True, *,
     """The same result as :func:`sliding_window_attention`, computed by tiles that skip every block
     outside the band: work and memory O(T * window) instead of O(T^2).
 
+    When ``block_k`` is at least a query block's band of keys (``block_q + window - 1``, causal, or
+    ``block_q + 2 window - 2``; the defaults always are), each block's keys fit one tile and the forward
+    runs the band kernel (``tiled._window_band_forward_base2``): the exact softmax of each block in
+    one pass, no online rescaling, many blocks per batched product. Narrower key tiles take the
+    general online-softmax loop of :func:`selfattn.efficient.tiled_attention`. Same result either way.
+
+    Args:
+        q, k, v: (..., T, Dh), (..., T, Dh), (..., T, Dv); float32, float64, float16 or bfloat16.
+        window, causal: as :func:`sliding_window_attention`.
+        block_q, block_k: query rows and key columns per tile, positive ints.
+
     Returns:
         ``context`` (..., T, Dv); differentiable (recomputation backward).
 
     Raises:
-        ValueError: T != S, bad window or block sizes, and the errors of ``tiled_attention``.
+        TypeError / ValueError: ``window``, ``block_q`` or ``block_k`` not a positive int; T != S;
+        and the errors of ``tiled_attention``.
 
     Source: chapter 09; the tiles are those of :func:`selfattn.efficient.tiled_attention`.
     """
