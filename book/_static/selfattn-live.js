@@ -3,7 +3,8 @@
  * selfattn.live.LivePanel writes, into the page, a <div class="selfattn-livemodel"> holding the model
  * (ONNX, base64), its vocabulary and sizes, and the values the torch model gave at build time for a
  * few fixed prompts. This script (added by book/_ext/selfattn_book.py only to pages that hold such a
- * panel) finds each panel and, once the panel is near the viewport or the reader focuses it, loads
+ * panel) finds each panel and, once the panel (or its section) is near the viewport or the reader
+ * focuses it, loads
  * onnxruntime-web (vendored under _static/selfattn-vendor/onnxruntime-web/, WebAssembly, one thread,
  * no worker: so it works from file:// and from any static host). Then, as the reader types (debounced),
  * it tokenizes the prompt, runs the model once for the heatmaps (one per layer and head) and once per
@@ -200,8 +201,11 @@
       const update = () => this.schedule();
       this.input.addEventListener("input", update);
       for (const el of [this.mode, this.temperature, this.topk, this.topp, this.nNew]) el.addEventListener("change", update);
-      this.again.addEventListener("click", () => this.update());
-      this.update().then(() => readyResolve({ ok: true }), (err) => readyResolve({ ok: false, reason: String(err) }));
+      this.again.addEventListener("click", () => this.safeUpdate());
+      this.update().then(() => readyResolve({ ok: true }), (err) => {
+        this.say("The live model could not start: " + err.message, true);
+        readyResolve({ ok: false, reason: String(err) });
+      });
     }
 
     disable() {
@@ -210,7 +214,11 @@
 
     schedule() {
       clearTimeout(this.timer);
-      this.timer = setTimeout(() => this.update(), 120); // debounce: one run per pause in typing
+      this.timer = setTimeout(() => this.safeUpdate(), 120); // debounce: one run per pause in typing
+    }
+
+    safeUpdate() {
+      return this.update().catch((err) => this.say("The live model failed on this prompt: " + err.message, true));
     }
 
     async getSession() {
@@ -373,10 +381,13 @@
       const go = () => panel.start();
       root.addEventListener("focusin", go, { once: true });
       if ("IntersectionObserver" in window) {
+        // the panel, or the section it sits in (a link to the section's heading starts it at once)
         const seen = new IntersectionObserver((entries) => {
           if (entries.some((e) => e.isIntersecting)) { seen.disconnect(); go(); }
         }, { rootMargin: "600px 0px" });
         seen.observe(root);
+        const section = root.closest("section");
+        if (section) seen.observe(section);
       } else {
         go();
       }
