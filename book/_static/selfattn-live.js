@@ -24,7 +24,10 @@
   const script = document.currentScript;
   const STATIC = script && script.src ? script.src.replace(/[^/]*$/, "") : "_static/";
   const ORT = STATIC + "selfattn-vendor/onnxruntime-web/";
-  const timings = { start: null, runtime_loaded: null, first_weights: null, first_result: null };
+  // performance.now() (ms since navigation) when a panel was found, when it started loading the model
+  // (near the viewport or focused), when the runtime was ready, and when the first heatmaps and the
+  // first continuation were drawn.
+  const timings = { panel_found: null, start: null, runtime_loaded: null, first_weights: null, first_result: null };
   let runtime = null;
   let readyResolve;
   const ready = new Promise((resolve) => { readyResolve = resolve; });
@@ -63,7 +66,6 @@
   function loadRuntime() {
     if (!runtime) {
       runtime = (async () => {
-        timings.start = performance.now();
         await loadScript(ORT + "dist/ort.wasm.min.js");
         await loadScript(ORT + "ort-wasm-embedded.js");
         const embedded = window.selfattnOrtEmbedded, ort = window.ort;
@@ -189,6 +191,7 @@
     start() {
       if (this.started) return;
       this.started = true;
+      if (timings.start === null) timings.start = performance.now();
       const missing = missingFeature();
       if (missing) {
         this.say(`The live model needs ${missing}, which this browser lacks or has turned off; the figures ` +
@@ -353,7 +356,7 @@
   }
 
   window.selfattnLive = {
-    ready, timings, panels, filter,
+    ready, timings, panels, filter, init,
     async run(prompt) {
       const panel = panels[0];
       const { T, logits, weights } = await panel.forward(panel.encode(prompt));
@@ -371,12 +374,15 @@
 
   // --- start: when a panel comes near the viewport or is focused ----------------------------------
 
+  /* Find the panels: called by each panel's own inline script as soon as it is parsed (long before
+     DOMContentLoaded on a page with many figures), and at DOMContentLoaded. */
   function init() {
     for (const root of document.querySelectorAll(".selfattn-livemodel")) {
       if (root.dataset.selfattnLiveStarted) continue;
       root.dataset.selfattnLiveStarted = "1";
       const panel = new Panel(root);
       panels.push(panel);
+      if (timings.panel_found === null) timings.panel_found = performance.now();
       panel.say("The live model loads when this panel comes into view.");
       const go = () => panel.start();
       root.addEventListener("focusin", go, { once: true });

@@ -215,8 +215,9 @@ class LivePanel:
 
     The markup around them is the panel the page's script fills in: a labelled prompt box, controls
     for greedy / temperature / top-k / top-p and the number of new characters, an output area and a
-    grid of heatmaps (one per layer and head). Without the script (in a notebook) the panel says
-    where it runs.
+    grid of heatmaps (one per layer and head), and a one-line inline script that lets the page's script
+    find the panel as soon as it is parsed (a no-op without it). Without the page's script (in a
+    notebook) the panel says where it runs.
 
     Args:
         model: a :class:`~selfattn.models.gpt.GPT` (positions "rope" or "none"), trained.
@@ -318,6 +319,7 @@ class LivePanel:
 <p class="selfattn-livemodel-output" aria-live="polite"><span class="selfattn-livemodel-out-prompt"></span><mark class="selfattn-livemodel-out-new"></mark></p>
 <div class="selfattn-livemodel-grid" role="group" aria-label="Attention weights of every layer and head for the prompt"></div>
 <p class="selfattn-livemodel-legend">Each square: one head's weights for the prompt. Row t is the character that asks, column s the character it reads (s &le; t, causal); colour from 0 (dark purple) to 1 (yellow), Viridis. The continuation is underlined after the prompt.</p>
+<script>window.selfattnLive && window.selfattnLive.init();</script>
 </div>"""
 
     def _repr_mimebundle_(self, include=None, exclude=None):
