@@ -254,3 +254,39 @@ def test_without_webassembly_the_panel_says_so(browser, site_url, built_html):
     finally:
         context.close()
     assert blocked == [] and errors == [], (blocked, errors)
+
+
+PANEL_CONTRAST_JS = """() => {
+  const rgba = (s) => { const m = s.match(/[\\d.]+/g) || [0, 0, 0, 0]; return m.map(Number).concat([1]).slice(0, 4); };
+  const lum = (c) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+    return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]); };
+  const background = (el) => { for (let n = el; n; n = n.parentElement) { const c = rgba(getComputedStyle(n).backgroundColor);
+    if (c[3] > 0.5) return c; } return [255, 255, 255, 1]; };
+  return [...document.querySelectorAll('.selfattn-livemodel p, .selfattn-livemodel label, .selfattn-livemodel figcaption, .selfattn-livemodel input, .selfattn-livemodel select, .selfattn-livemodel button')]
+    .filter((e) => (e.value || e.textContent).trim()).map((e) => {
+      const fg = rgba(getComputedStyle(e).color), bg = background(e);
+      const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
+      return {ratio: (a + 0.05) / (b + 0.05), text: (e.value || e.textContent).trim().slice(0, 40)};
+    });
+}"""
+
+
+@pytest.mark.parametrize("mode", ["light", "dark"])
+def test_panel_text_is_legible_in_light_and_dark_mode(browser, site_url, built_html, mode):
+    """WCAG contrast >= 4.5 for every text of the panel (labels, controls, status, output, captions)
+    against the background it is drawn on, once the model has run (the theme's contrast test reads only
+    a page's first paragraphs)."""
+    url, base = _url("http", site_url, built_html)
+    context, tab, record = _open(browser, url, base, color_scheme=mode)
+    try:
+        tab.evaluate(f"() => {{ localStorage.setItem('mode', '{mode}'); localStorage.setItem('theme', '{mode}'); }}")
+        tab.reload(wait_until="load")
+        assert tab.evaluate("() => document.documentElement.dataset.theme") == mode
+        assert tab.evaluate(READY_JS) == {"ok": True}
+        ratios = tab.evaluate(PANEL_CONTRAST_JS)
+    finally:
+        context.close()
+    assert record["blocked"] == [] and record["errors"] == [], record
+    assert len(ratios) >= 15, ratios
+    low = [r for r in ratios if not r["ratio"] >= 4.5]
+    assert low == [], f"{mode}: panel text below 4.5:1: {low[:8]}"
