@@ -14,6 +14,10 @@ The published book must read offline (issue 6), so nothing is loaded from a CDN:
 
 Everything lands in ``_build/html/_static/selfattn-vendor/``.
 
+The live model of chapter 14 (``selfattn.live.LivePanel``): a page whose body holds such a panel, and
+only such a page, also gets ``selfattn-live.js``, which loads onnxruntime-web (vendored and wrapped by
+``scripts/vendor_js.py`` into ``selfattn-vendor/onnxruntime-web/``) when the panel comes into view.
+
 It also loads ``selfattn_parallel_exec`` (same folder): the notebooks are executed two at a time
 before Sphinx reads them, instead of one after another while it reads them (see that module).
 """
@@ -46,10 +50,10 @@ def _stage_static(app) -> None:
     shutil.copy2(source, staged / VENDOR / "plotly.min.js")
     if FETCHED.is_dir():
         shutil.copytree(FETCHED, staged / VENDOR, dirs_exist_ok=True)
-    missing = [p for p in _local_paths(app.config) if not (staged / p).is_file()]
+    missing = [p for p in [*_local_paths(app.config), *LIVE_RUNTIME] if not (staged / p).is_file()]
     if missing:
         raise FileNotFoundError(
-            f"{missing} are configured in _config.yml but not vendored in {FETCHED}; "
+            f"{missing} are configured in _config.yml or loaded by the live model, but not vendored in {FETCHED}; "
             "run `make vendor` (or `python scripts/vendor_js.py`) with the book's Python"
         )
     app.config.html_static_path.append(str(staged))
@@ -78,6 +82,17 @@ def _dedupe_scripts(app, pagename, templatename, context, doctree) -> None:
             seen.add(key)
             kept.append(script)
     scripts[:] = kept  # in place: handlers that run later add to this same list
+
+
+LIVE_PANEL = 'class="selfattn-livemodel"'
+LIVE_RUNTIME = (f"{VENDOR}/onnxruntime-web/dist/ort.wasm.min.js", f"{VENDOR}/onnxruntime-web/ort-wasm-embedded.js")
+
+
+def _live_model_script(app, pagename, templatename, context, doctree) -> None:
+    """Add ``selfattn-live.js`` to the pages that show a live model panel, and to no other page: the
+    runtime it loads is about 5 MB (Sphinx adds a file to one page when called from this event)."""
+    if LIVE_PANEL in (context.get("body") or ""):
+        app.add_js_file("selfattn-live.js")
 
 
 def _poll_kernel_replies_in_slices() -> None:
@@ -126,6 +141,7 @@ def setup(app):
     app.connect("builder-inited", _stage_static)
     # Early: Sphinx stops calling html-page-context handlers at the first that returns a template.
     app.connect("html-page-context", _dedupe_scripts, priority=100)
+    app.connect("html-page-context", _live_model_script)
     app.add_js_file(f"{VENDOR}/plotly.min.js", priority=100)
     app.add_css_file("selfattn.css")
     # The keyboard twins of plotly's sliders and menus follow the figure's own controls (book/_static).

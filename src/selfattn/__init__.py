@@ -27,7 +27,7 @@ chapter                                     modules
 12 attention across devices                 ``distributed`` (``ring``, ``ulysses``, ``layout``, ``launch``)
 13 attention explanations                   ``interpret``
 14 capstone GPT                             ``models.gpt``, ``efficient.kv_cache``, ``checkpoint``,
-                                           ``experiments.induction``
+                                           ``experiments.induction``, ``live`` (the model in the page)
 ==========================================  ==========================================================
 
 Every chapter also has ``viz.<topic>`` (figures and explorers) and ``exercises.chNN`` (the checks).

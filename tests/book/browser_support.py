@@ -164,7 +164,7 @@ def visit(context, url: str, base: str) -> dict:
 
 def offline_context(browser, base: str, blocked: list[str], **options):
     """A browser context in which every request that is not to ``base`` is aborted (and noted)."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, **options)
+    context = browser.new_context(**{"viewport": {"width": 1280, "height": 900}, **options})
 
     def route(r):
         if is_local(r.request.url, base):

@@ -37,7 +37,8 @@ def test_pages_load_nothing_from_another_host(built_html, page):
 def test_vendored_files_are_served(built_html):
     vendor = built_html / "_static" / "selfattn-vendor"
     for rel in ["plotly.min.js", "requirejs/require.js", "html-manager/dist/embed-amd.js",
-                "mathjax/es5/tex-mml-chtml.js", "mathjax/es5/output/chtml/fonts/woff-v2/MathJax_Main-Regular.woff"]:
+                "mathjax/es5/tex-mml-chtml.js", "mathjax/es5/output/chtml/fonts/woff-v2/MathJax_Main-Regular.woff",
+                "onnxruntime-web/dist/ort.wasm.min.js", "onnxruntime-web/ort-wasm-embedded.js"]:
         assert (vendor / rel).is_file() and (vendor / rel).stat().st_size > 0, rel
 
 

@@ -3,7 +3,7 @@ loss below the unigram baseline within a fixed step budget), decodes with the KV
 without it, runs past its training length (where its loss is measured higher), round-trips through
 safetensors; attention learns to address (claim 20); and a two-layer attention-only model trained on
 repeated random spans forms a previous-token head and induction heads whose ablation removes the
-in-context drop in loss (claim 31)."""
+in-context drop in loss (claim 31); the live model in the page is the trained model, exported to ONNX."""
 
 from __future__ import annotations
 
@@ -107,6 +107,37 @@ def test_trained_checkpoint_round_trips(trained, tmp_path):
     loaded = load_checkpoint(path, GPT, GPTConfig)
     ids = val_ids[:32][None]
     torch.testing.assert_close(loaded(ids), model(ids), rtol=0, atol=0)
+
+
+def test_the_live_model_is_the_trained_model(trained):
+    """The live model section: the trained model exported to ONNX (the file the page runs) computes the
+    torch model's logits and attention weights, run by Python's onnxruntime, within 1e-4 on prompts
+    shorter and longer than block_size; the panel stores the torch model's values and greedy text.
+    (The browser's side: tests/book/test_live.py.)"""
+    ort = pytest.importorskip("onnxruntime")
+    import numpy as np
+
+    from selfattn.live import LivePanel, decode_float32
+
+    model, _, tokenizer, _, _ = trained
+    panel = LivePanel(model, tokenizer, ["The value of ", "the object the obj"], max_new_tokens=32,
+                      check_new_tokens=16)
+    session = ort.InferenceSession(panel.onnx, providers=["CPUExecutionProvider"])
+    for text in ("T", "The value of ", "The object is called with the arguments. " * 3):  # 1, 13, 123 > 32
+        ids = tokenizer.encode(text)[None]
+        with torch.no_grad():
+            logits, weights = model(ids, return_weights=True)
+        onnx_logits, onnx_weights = session.run(None, {"input_ids": ids.numpy()})
+        d_logits = float(np.abs(onnx_logits - logits.numpy()).max())
+        d_weights = float(np.abs(onnx_weights - torch.stack(weights)[:, 0].numpy()).max())
+        assert d_logits < 1e-4 and d_weights < 1e-4, (text, d_logits, d_weights)  # NaN fails too
+    for entry in panel.expected_payload():
+        ids = torch.tensor(entry["ids"])[None]
+        with torch.no_grad():
+            logits = model(ids)[0]
+            greedy = model.generate(ids, 16, greedy=True, use_cache=False)
+        assert torch.equal(torch.from_numpy(decode_float32(entry["logits"], tuple(logits.shape))), logits)
+        assert entry["greedy"]["text"] == tokenizer.decode(greedy[0, ids.shape[1]:])
 
 
 def test_claim_20_attention_learns_to_address(one_thread):

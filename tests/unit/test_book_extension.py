@@ -50,3 +50,20 @@ def test_sliced_get_msg_returns_replies_and_times_out_at_the_deadline():
             await km.shutdown_kernel(now=True)
 
     asyncio.run(run())
+
+
+def test_the_live_model_script_is_added_only_to_pages_with_a_panel():
+    class App:
+        def __init__(self):
+            self.added = []
+
+        def add_js_file(self, name, **kwargs):
+            self.added.append(name)
+
+    app = App()
+    selfattn_book._live_model_script(app, "notebooks/13", "page.html", {"body": "<p>no panel</p>"}, None)
+    selfattn_book._live_model_script(app, "genindex", "genindex.html", {}, None)
+    assert app.added == []
+    body = '<div class="selfattn-livemodel" id="selfattn-livemodel-0a1b2c3d" role="region">'
+    selfattn_book._live_model_script(app, "notebooks/14", "page.html", {"body": body}, None)
+    assert app.added == ["selfattn-live.js"]

@@ -1,0 +1,341 @@
+"""The capstone GPT in the reader's browser: an ONNX export and a panel that runs it in the page.
+
+A reader of the published book has no kernel, but the capstone model (chapter 14) is small enough to
+run in a browser. This module gives the three pieces that make that possible and checkable:
+
+- :class:`GPTExport`, the *export twin* of :meth:`selfattn.models.gpt.GPT.forward` for one sequence:
+  the same parameters and the same arithmetic, written without the argument checks, caches and
+  branches that an exporter cannot trace. ``GPTExport(model)(input_ids) -> (logits, weights)`` with
+  ``logits`` (1, T, V) and every layer's weights stacked (L, H, T, T). Tested equal to
+  ``GPT.forward(input_ids, return_weights=True)``.
+- :func:`export_onnx`: the twin exported to ONNX (``torch.onnx.export``, T dynamic), as bytes.
+- :class:`LivePanel`: a display object whose ``text/html`` holds the ONNX bytes, the vocabulary, the
+  sizes and the values the torch model gives for a few fixed prompts (logits, weights, the greedy
+  continuation of :meth:`GPT.generate`), plus the panel's markup: a prompt box, sampling controls, an
+  output area and a heatmap grid. The book's ``_static/selfattn-live.js`` finds the panel and runs
+  the model with ``onnxruntime-web`` (WebAssembly, one thread), vendored by ``scripts/vendor_js.py``.
+
+Only RoPE and no-position models are supported (the capstone uses RoPE): the position scheme is read
+from a cos/sin table of ``max_positions`` rows, so the exported model runs on 1 .. max_positions
+tokens. Learned, sinusoidal and ALiBi schemes raise ``ValueError``.
+
+Introduced in chapter 14 (the live model on the capstone page).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import uuid
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ._validate import require_positive_int
+
+__all__ = ["GPTExport", "export_onnx", "LivePanel", "SUPPORTED_POSITIONS"]
+
+SUPPORTED_POSITIONS = ("rope", "none")
+# ONNX operator set of the export (onnxruntime-web 1.30 runs up to 23).
+OPSET = 18
+
+
+def _require_gpt(model):
+    from .models.gpt import GPT
+
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a selfattn.models.gpt.GPT; got {type(model).__name__}")
+    scheme = model.config.positions
+    if scheme not in SUPPORTED_POSITIONS:
+        raise ValueError(f"model.config.positions must be one of {SUPPORTED_POSITIONS} to export; got {scheme!r}")
+    if scheme == "rope" and model.positions.layout != "half":
+        raise ValueError(f"only RoPE's 'half' layout is exported; got layout {model.positions.layout!r}")
+    return model
+
+
+class GPTExport(nn.Module):
+    """The export twin of :meth:`GPT.forward <selfattn.models.gpt.GPT.forward>` for one sequence.
+
+    It holds ``model`` (its parameters are shared, not copied) and computes, for ``input_ids`` (1, T):
+    token embedding, then per block ``x + attn(ln1(x))`` with RoPE on the queries and keys from a
+    precomputed table and the causal mask, ``x + ffn(ln2(x))``, then ``lm_head(ln_f(x))``. Dropout is
+    left out (the twin is for inference: ``GPT`` in eval mode).
+
+    Args:
+        model: a :class:`~selfattn.models.gpt.GPT` with ``positions`` "rope" (layout "half") or "none".
+        max_positions: the longest sequence the twin accepts (> 0); default ``4 * block_size`` (RoPE
+            runs past the training length; chapter 14 measures how well).
+
+    Shapes:
+        forward(input_ids (1, T) int64, 1 <= T <= max_positions) -> (logits (1, T, V),
+        weights (L, H, T, T)), both in the model's dtype. ``weights[l, h, t, s]`` is layer l+1's head
+        h+1 weight from query position t to key position s (0 above the diagonal).
+
+    Raises:
+        TypeError / ValueError: ``model`` not a GPT, an unsupported position scheme, a bad
+        ``max_positions``. Calls are not checked (that is the point of the twin): use
+        :meth:`GPT.forward` for checked input.
+
+    Source: chapter 14.
+    """
+
+    def __init__(self, model, max_positions: int | None = None):
+        super().__init__()
+        self.model = _require_gpt(model)
+        config = model.config
+        n = 4 * config.block_size if max_positions is None else require_positive_int("max_positions", max_positions)
+        self.max_positions = n
+        dtype = model.lm_head.weight.dtype
+        if config.positions == "rope":
+            from .positions import rope_cos_sin
+
+            scheme = model.positions
+            cos, sin = rope_cos_sin(range(n), config.d_head, base=scheme.base, interpolation=scheme.interpolation)
+        else:  # no positions: a rotation by 0
+            cos, sin = torch.ones(n, config.d_head // 2), torch.zeros(n, config.d_head // 2)
+        # computed in float64 as GPT's own rotation, then stored in the model's dtype: the same numbers
+        self.register_buffer("cos", cos.to(dtype), persistent=False)  # (max_positions, Dh/2)
+        self.register_buffer("sin", sin.to(dtype), persistent=False)
+
+    def _rotate(self, x, cos, sin):
+        """RoPE, 'half' layout: pair i = features (i, i + Dh/2). x (1, H, T, Dh), cos/sin (T, Dh/2)."""
+        half = x.shape[-1] // 2
+        a, b = x[..., :half], x[..., half:]  # (1, H, T, Dh/2) each
+        return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)  # (1, H, T, Dh)
+
+    def forward(self, input_ids: torch.Tensor):
+        model, config = self.model, self.model.config
+        T, H, Dh = input_ids.shape[1], config.n_heads, config.d_head
+        cos, sin = self.cos[:T], self.sin[:T]  # (T, Dh/2): positions 0 .. T-1
+        position = torch.arange(T, device=input_ids.device)
+        keep = position[:, None] >= position[None, :]  # (T, T): query t reads keys s <= t
+        x = model.token_embedding.weight[input_ids]  # (1, T) -> (1, T, D)
+        weights = []
+        for block in model.blocks:
+            attn, h = block.attn, block.ln1(x)
+            Q = (h @ attn.W_Q + attn.b_Q).reshape(1, T, H, Dh).transpose(1, 2)  # (1, T, D) -> (1, H, T, Dh)
+            K = (h @ attn.W_K + attn.b_K).reshape(1, T, H, Dh).transpose(1, 2)
+            V = (h @ attn.W_V + attn.b_V).reshape(1, T, H, Dh).transpose(1, 2)
+            Q, K = self._rotate(Q, cos, sin), self._rotate(K, cos, sin)
+            scores = (Q @ K.transpose(-2, -1)) * (1.0 / math.sqrt(Dh))  # (1, H, T, Dh) @ (1, H, Dh, T) -> (1, H, T, T)
+            w = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)  # (1, H, T, T)
+            context = (w @ V).transpose(1, 2).reshape(1, T, H * Dh)  # (1, H, T, Dh) -> (1, T, D)
+            x = x + context @ attn.W_O + attn.b_O  # (1, T, D)
+            x = x + block.ffn.linear2(block.ffn.activation(block.ffn.linear1(block.ln2(x))))  # (1, T, D)
+            weights.append(w[0])  # (H, T, T)
+        logits = model.lm_head(model.ln_f(x))  # (1, T, D) @ (D, V) -> (1, T, V)
+        return logits, torch.stack(weights)  # (1, T, V), (L, H, T, T)
+
+
+def export_onnx(model, path=None, *, max_positions: int | None = None, dynamo: bool = False) -> bytes:
+    """``model`` (a GPT) exported to ONNX through :class:`GPTExport`, as the bytes of the ONNX file.
+
+    Inputs and outputs of the graph: ``input_ids`` (1, T) int64 -> ``logits`` (1, T, V) float32 and
+    ``weights`` (L, H, T, T) float32, with T dynamic (1 .. ``max_positions``). The model is exported
+    in float32 (a copy, if it is in another dtype or on another device); the twin runs in eval mode.
+
+    Args:
+        model: a :class:`~selfattn.models.gpt.GPT` (positions "rope" or "none").
+        path: where to write the file too (str or path-like), or None.
+        max_positions: as :class:`GPTExport`.
+        dynamo: use ``torch.onnx.export(..., dynamo=True)`` (torch.export and onnxscript) instead of
+            the TorchScript exporter. Both give graphs equal to the twin (tested); the TorchScript one
+            is the default: on the capstone model it takes about 1 s against 7-11 s for dynamo on 2
+            CPU cores, and its file is smaller (0.49 against 0.56 MB). Chapter 14 exports at build time.
+
+    Returns:
+        ``bytes``, a serialized ONNX ``ModelProto`` (weights inside, no external data).
+
+    Raises:
+        TypeError / ValueError: as :class:`GPTExport`; ImportError: ``onnx`` (and, with ``dynamo``,
+        ``onnxscript``) not installed.
+
+    Source: chapter 14.
+    """
+    import copy
+
+    if not isinstance(dynamo, bool):
+        raise TypeError(f"dynamo must be a bool; got {dynamo!r}")
+    _require_gpt(model)
+    twin = GPTExport(copy.deepcopy(model).to(device="cpu", dtype=torch.float32), max_positions).eval()
+    example = torch.zeros(1, min(8, twin.max_positions), dtype=torch.int64)
+    names = dict(input_names=["input_ids"], output_names=["logits", "weights"])
+    buffer = io.BytesIO()
+    with torch.no_grad():
+        if dynamo:
+            T = torch.export.Dim("T", min=1, max=twin.max_positions)
+            program = torch.onnx.export(twin, (example,), dynamo=True, opset_version=OPSET,
+                                        dynamic_shapes={"input_ids": {1: T}}, **names)
+            program.save(buffer)
+        else:
+            with warnings.catch_warnings():
+                # torch >= 2.9 says the TorchScript exporter is deprecated; it is still the fast one
+                # here (about 1 s against 7-11 s for dynamo=True on this model, 2 CPU cores)
+                warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.onnx.*")
+                warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
+                torch.onnx.export(twin, (example,), buffer, dynamo=False, opset_version=OPSET,
+                                  dynamic_axes={"input_ids": {1: "T"}, "logits": {1: "T"},
+                                                "weights": {2: "T", 3: "T"}}, **names)
+    data = buffer.getvalue()
+    if path is not None:
+        from pathlib import Path
+
+        Path(path).write_bytes(data)
+    return data
+
+
+def _b64_float32(x) -> str:
+    return base64.b64encode(np.ascontiguousarray(np.asarray(x, dtype="<f4")).tobytes()).decode("ascii")
+
+
+def _json_script(cls: str, payload) -> str:
+    # "</" must not appear inside a <script> element: JSON allows "\/" for "/".
+    text = json.dumps(payload, separators=(",", ":")).replace("</", "<\\/")
+    return f'<script type="application/json" class="{cls}">{text}</script>'
+
+
+class LivePanel:
+    """A panel for the book's page that runs ``model`` in the reader's browser (chapter 14).
+
+    Displayed in a notebook, its ``text/html`` holds, in ``<script type="application/json">`` blocks:
+
+    - ``selfattn-livemodel-config``: ``vocab`` (the tokenizer's characters, id = index), ``block_size``,
+      ``n_layers``, ``n_heads``, ``max_positions`` (the longest input of the exported model),
+      ``max_prompt`` (the prompt box's limit: ``block_size`` characters) and ``max_new_tokens``;
+    - ``selfattn-livemodel-onnx``: the ONNX file of :func:`export_onnx`, base64;
+    - ``selfattn-livemodel-expected``: for each fixed prompt, its ``ids``, the torch model's ``logits``
+      (T, V) and ``weights`` (L, H, T, T) as little-endian float32 in base64 (row-major), and the
+      ``greedy`` continuation of :meth:`GPT.generate` (``greedy=True``, ``n_new`` characters).
+
+    The markup around them is the panel the page's script fills in: a labelled prompt box, controls
+    for greedy / temperature / top-k / top-p and the number of new characters, an output area and a
+    grid of heatmaps (one per layer and head), and a one-line inline script that lets the page's script
+    find the panel as soon as it is parsed (a no-op without it). Without the page's script (in a
+    notebook) the panel says where it runs.
+
+    Args:
+        model: a :class:`~selfattn.models.gpt.GPT` (positions "rope" or "none"), trained.
+        tokenizer: its :class:`~selfattn.data.CharTokenizer`.
+        prompts: the fixed prompts whose torch values the page carries (1 .. 8 non-empty strings of
+            at most ``block_size`` vocabulary characters); the first one fills the prompt box.
+        max_new_tokens: the most characters the panel generates (> 0; prompt + new <= max_positions).
+        check_new_tokens: characters of each prompt's greedy continuation stored for the test (> 0,
+            <= max_new_tokens).
+        max_positions: as :class:`GPTExport` (default ``4 * block_size``).
+
+    Attributes:
+        onnx: the exported bytes. expected: the per-prompt values (numpy arrays).
+
+    Raises:
+        TypeError / ValueError: a model or tokenizer of the wrong type, vocabularies of different
+        sizes, prompts that are empty, too long, not strings or hold characters outside the vocabulary,
+        bad sizes.
+
+    Source: chapter 14.
+    """
+
+    def __init__(self, model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 40,
+                 check_new_tokens: int = 24, max_positions: int | None = None):
+        from .data import CharTokenizer
+
+        _require_gpt(model)
+        if not isinstance(tokenizer, CharTokenizer):
+            raise TypeError(f"tokenizer must be a selfattn.data.CharTokenizer; got {type(tokenizer).__name__}")
+        config = model.config
+        if tokenizer.vocab_size != config.vocab_size:
+            raise ValueError(f"tokenizer.vocab_size ({tokenizer.vocab_size}) must equal the model's vocab_size "
+                             f"({config.vocab_size})")
+        if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not 1 <= len(prompts) <= 8:
+            raise TypeError(f"prompts must be a list of 1 to 8 strings; got {prompts!r}")
+        for i, p in enumerate(prompts):
+            if not isinstance(p, str) or not 1 <= len(p) <= config.block_size:
+                raise ValueError(f"prompts[{i}] must be a string of 1 to block_size={config.block_size} "
+                                 f"characters; got {p!r}")
+            tokenizer.encode(p)  # raises ValueError naming characters outside the vocabulary
+        self.max_positions = 4 * config.block_size if max_positions is None else require_positive_int(
+            "max_positions", max_positions)
+        n_new = require_positive_int("max_new_tokens", max_new_tokens)
+        n_check = require_positive_int("check_new_tokens", check_new_tokens)
+        if config.block_size + n_new > self.max_positions or n_check > n_new:
+            raise ValueError(f"need block_size + max_new_tokens <= max_positions and check_new_tokens <= "
+                             f"max_new_tokens; got {config.block_size} + {n_new} vs {self.max_positions}, "
+                             f"check_new_tokens={n_check}")
+        self.model, self.tokenizer, self.prompts = model, tokenizer, list(prompts)
+        self.max_new_tokens, self.check_new_tokens = n_new, n_check
+        self.onnx = export_onnx(model, max_positions=self.max_positions)
+        self.expected = [self._expected(p) for p in self.prompts]
+
+    @torch.no_grad()
+    def _expected(self, prompt: str) -> dict:
+        model = self.model
+        device = next(model.parameters()).device
+        ids = self.tokenizer.encode(prompt)[None].to(device)  # (1, T)
+        was_training = model.training
+        model.eval()
+        logits, weights = model(ids, return_weights=True)  # (1, T, V), L x (1, H, T, T)
+        out = model.generate(ids, self.check_new_tokens, greedy=True)  # (1, T + n)
+        model.train(was_training)
+        return {"prompt": prompt, "ids": ids[0].tolist(), "logits": logits[0].float().cpu().numpy(),
+                "weights": torch.stack([w[0] for w in weights]).float().cpu().numpy(),
+                "greedy": self.tokenizer.decode(out[0, ids.shape[1]:].cpu())}
+
+    def config_payload(self) -> dict:
+        c = self.model.config
+        return {"vocab": self.tokenizer.chars, "block_size": c.block_size, "n_layers": c.n_layers,
+                "n_heads": c.n_heads, "max_positions": self.max_positions, "max_prompt": c.block_size,
+                "max_new_tokens": self.max_new_tokens, "prompt": self.prompts[0], "positions": c.positions}
+
+    def expected_payload(self) -> list[dict]:
+        return [{"prompt": e["prompt"], "ids": e["ids"], "T": len(e["ids"]),
+                 "logits": _b64_float32(e["logits"]), "weights": _b64_float32(e["weights"]),
+                 "greedy": {"n_new": self.check_new_tokens, "text": e["greedy"]}} for e in self.expected]
+
+    def _repr_html_(self) -> str:
+        c = self.model.config
+        uid = uuid.uuid4().hex[:8]
+        esc = html.escape
+        n_new = min(24, self.max_new_tokens)
+        return f"""<div class="selfattn-livemodel" id="selfattn-livemodel-{uid}" role="region" aria-label="Live model: type a prompt, see the continuation and every head's attention weights">
+{_json_script("selfattn-livemodel-config", self.config_payload())}
+{_json_script("selfattn-livemodel-onnx", base64.b64encode(self.onnx).decode("ascii"))}
+{_json_script("selfattn-livemodel-expected", self.expected_payload())}
+<div class="selfattn-livemodel-controls">
+<label class="selfattn-livemodel-prompt">Prompt (at most {c.block_size} characters)
+<input type="text" id="selfattn-livemodel-{uid}-prompt" maxlength="{c.block_size}" value="{esc(self.prompts[0])}" autocomplete="off" spellcheck="false"></label>
+<label>Decoding <select class="selfattn-livemodel-mode"><option value="greedy" selected>greedy</option><option value="sample">sample</option></select></label>
+<label>Temperature <input type="number" class="selfattn-livemodel-temperature" min="0.05" max="5" step="0.05" value="0.8"></label>
+<label>Top-k <input type="number" class="selfattn-livemodel-topk" min="0" max="{c.vocab_size}" step="1" value="0" title="0: every token"></label>
+<label>Top-p <input type="number" class="selfattn-livemodel-topp" min="0.01" max="1" step="0.01" value="1"></label>
+<label>New characters <input type="number" class="selfattn-livemodel-new" min="1" max="{self.max_new_tokens}" step="1" value="{n_new}"></label>
+<button type="button" class="selfattn-livemodel-again">Generate again</button>
+</div>
+<p class="selfattn-livemodel-status" role="status" aria-live="polite">This panel runs the model in the book's web page (WebAssembly). In a notebook, run the model in the cells above instead.</p>
+<p class="selfattn-livemodel-output" aria-live="polite"><span class="selfattn-livemodel-out-prompt"></span><mark class="selfattn-livemodel-out-new"></mark></p>
+<div class="selfattn-livemodel-grid" role="group" aria-label="Attention weights of every layer and head for the prompt"></div>
+<p class="selfattn-livemodel-legend">Each square: one head's weights for the prompt. Row t is the character that asks, column s the character it reads (s &le; t, causal); colour from 0 (dark purple) to 1 (yellow), Viridis. The continuation is underlined after the prompt.</p>
+<script>window.selfattnLive && window.selfattnLive.init();</script>
+</div>"""
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        text = (f"LivePanel: {len(self.prompts)} fixed prompts, ONNX model of {len(self.onnx):,} bytes; "
+                "it runs in the book's HTML page")
+        return {"text/html": self._repr_html_(), "text/plain": text}
+
+
+def decode_float32(b64: str, shape) -> np.ndarray:
+    """The inverse of the panel's encoding: base64 little-endian float32 -> array of ``shape``.
+
+    Raises:
+        ValueError: the bytes do not hold ``prod(shape)`` float32 numbers.
+    """
+    raw = base64.b64decode(b64)
+    n = int(np.prod(shape))
+    if len(raw) != 4 * n:
+        raise ValueError(f"b64 holds {len(raw)} bytes; shape {tuple(shape)} needs {4 * n}")
+    return np.frombuffer(raw, dtype="<f4").reshape(shape).copy()

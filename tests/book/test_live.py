@@ -1,0 +1,292 @@
+"""The live model on the capstone page (issue 17), in a real browser with every other host blocked.
+
+Chapter 14's ``selfattn.live.LivePanel`` puts the trained model (ONNX), its vocabulary and the values
+the torch model gave at build time for three fixed prompts into the page; ``_static/selfattn-live.js``
+runs the model with onnxruntime-web (WebAssembly, one thread). These tests open the built page from a
+local web server and from ``file://`` and check that:
+
+- the page's logits and attention weights equal the build-time torch values within 1e-4, and greedy
+  generation gives the characters of ``GPT.generate`` (the expected values are the torch model's,
+  written by the notebook; the page's are computed by the browser);
+- the page's top-k / top-p filtering equals ``selfattn.sampling.filter_logits`` on the same logits;
+- the first result (heatmaps and continuation drawn) comes within 2 s of the panel starting to load the
+  model once the reader scrolls to it (median of three first visits per scheme); the time from
+  navigation, following a link to the section, is measured and reported too (every load is written
+  to ``test-artifacts/live_load.json``);
+- the panel is usable by keyboard, fits a 390 px screen, refuses characters outside the vocabulary
+  with a message, and says so where WebAssembly is missing;
+- only the capstone page loads the runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+
+import numpy as np
+import pytest
+import torch
+
+from selfattn.sampling import filter_logits
+
+from .browser_support import FIGURES_DRAWN_JS, offline_context
+
+PAGE = "notebooks/14_capstone_gpt"
+ANCHOR = "the-live-model-type-a-prompt-watch-every-head"
+TOLERANCE = 1e-4
+FIRST_RESULT_LIMIT_MS = 2000
+READY_JS = "async () => { const r = await window.selfattnLive.ready; return r; }"
+
+
+def _url(scheme: str, site_url: str, built_html) -> tuple[str, str]:
+    """(page URL with the section's anchor, base that counts as local) for "http" or "file"."""
+    base = site_url if scheme == "http" else built_html.as_uri()
+    return f"{base}/{PAGE}.html#{ANCHOR}", base
+
+
+def _open(browser, url: str, base: str, **options):
+    """A tab on ``url`` in a context that blocks every other host; returns (context, tab, record)."""
+    record = {"blocked": [], "errors": []}
+    context = offline_context(browser, base, record["blocked"], **options)
+    tab = context.new_page()
+    tab.on("console", lambda m: m.type == "error" and record["errors"].append(m.text))
+    tab.on("pageerror", lambda e: record["errors"].append(str(e)))
+    tab.goto(url, wait_until="load", timeout=30000)
+    return context, tab, record
+
+
+def _max_diff(got, expected) -> float:
+    got, expected = np.asarray(got, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    assert got.shape == expected.shape, (got.shape, expected.shape)
+    d = float(np.abs(got - expected).max())
+    assert math.isfinite(d), "NaN or inf in the page's values or the expected ones"
+    return d
+
+
+def test_only_the_capstone_page_loads_the_live_model(built_html):
+    pages = {p.relative_to(built_html).as_posix() for p in built_html.rglob("*.html")
+             if "selfattn-live.js" in p.read_text()}
+    assert pages == {f"{PAGE}.html"}
+    html = (built_html / f"{PAGE}.html").read_text()
+    assert html.count('class="selfattn-livemodel"') == 1 and f'id="{ANCHOR}"' in html
+    vendor = built_html / "_static" / "selfattn-vendor" / "onnxruntime-web"
+    assert (vendor / "dist" / "ort.wasm.min.js").is_file() and (vendor / "ort-wasm-embedded.js").is_file()
+    assert "ort-wasm-simd-threaded.wasm" not in {p.name for p in vendor.rglob("*")}  # only the wrapped copy
+
+
+@pytest.mark.parametrize("scheme", ["http", "file"])
+def test_page_computes_the_torch_values_offline(browser, site_url, built_html, artifacts, scheme):
+    url, base = _url(scheme, site_url, built_html)
+    context, tab, record = _open(browser, url, base)
+    try:
+        ready = tab.evaluate(READY_JS)
+        assert ready == {"ok": True}, ready
+        expected = tab.evaluate("() => window.selfattnLive.expected()")
+        config = tab.evaluate("() => window.selfattnLive.panels[0].config")
+        V, L, H = len(config["vocab"]), config["n_layers"], config["n_heads"]
+        assert len(expected) == 3
+        figures = []
+        for entry in expected:
+            T = entry["T"]
+            got = tab.evaluate("(p) => window.selfattnLive.run(p)", entry["prompt"])
+            assert got["T"] == T
+            d_logits = _max_diff(np.reshape(got["logits"], (T, V)), np.reshape(entry["logits"], (T, V)))
+            d_weights = _max_diff(np.reshape(got["weights"], (L, H, T, T)), np.reshape(entry["weights"], (L, H, T, T)))
+            greedy = tab.evaluate("([p, n]) => window.selfattnLive.generate(p, n, {greedy: true})",
+                                  [entry["prompt"], entry["greedy"]["n_new"]])
+            figures.append({"prompt": entry["prompt"], "T": T, "logits_max_abs_diff": d_logits,
+                            "weights_max_abs_diff": d_weights, "greedy_page": greedy,
+                            "greedy_torch": entry["greedy"]["text"]})
+            assert d_logits < TOLERANCE and d_weights < TOLERANCE, figures[-1]
+            assert greedy == entry["greedy"]["text"], figures[-1]
+        (artifacts / f"live_parity_{scheme}.json").write_text(json.dumps(figures, indent=1))
+        # What the reader sees: the first prompt's continuation and L x H heatmaps.
+        assert tab.locator(".selfattn-livemodel-grid canvas").count() == L * H
+        shown = tab.eval_on_selector(".selfattn-livemodel-output", "e => e.textContent")
+        first = expected[0]
+        assert shown.startswith(first["prompt"] + first["greedy"]["text"]), shown
+    finally:
+        context.close()
+    assert record["blocked"] == [], f"asked another host for {record['blocked']}"
+    assert record["errors"] == [], record["errors"]
+
+
+FILTERS = [{"top_k": 1}, {"top_k": 5}, {"top_p": 0.9}, {"top_p": 0.3}, {"top_k": 10, "top_p": 0.5},
+           {"top_k": 3, "top_p": 0.99}]
+
+
+def test_page_filtering_equals_filter_logits(browser, site_url, built_html):
+    url, base = _url("http", site_url, built_html)
+    context, tab, record = _open(browser, url, base)
+    try:
+        expected = tab.evaluate("() => window.selfattnLive.expected()")
+        V = len(tab.evaluate("() => window.selfattnLive.panels[0].config.vocab"))
+        rows = [np.asarray(e["logits"], dtype=np.float32).reshape(e["T"], V)[-1] for e in expected]
+        rows.append(np.array([2.0, 1.0, 2.0, 0.5, 2.0, -1.0], dtype=np.float32))  # ties at the top
+        rows.append(np.array([0.0, 0.0, 0.0, 0.0], dtype=np.float32))  # all tied: every rule keeps all
+        checked = 0
+        for row in rows:
+            for options in FILTERS:
+                got = np.asarray(tab.evaluate("([x, o]) => window.selfattnLive.filter(x, o)", [row.tolist(), options]),
+                                 dtype=np.float64)
+                want = filter_logits(torch.from_numpy(row)[None], **options)[0].double().numpy()
+                assert np.array_equal(np.isneginf(got), np.isneginf(want)), (row[:8], options)
+                kept = ~np.isneginf(want)
+                assert kept.any() and np.array_equal(got[kept], want[kept]), (row[:8], options)
+                checked += 1
+        assert checked == len(rows) * len(FILTERS)
+    finally:
+        context.close()
+    assert record["blocked"] == [] and record["errors"] == []
+
+
+def _timings(browser, url: str, base: str, scroll: bool) -> dict:
+    """One load in a fresh context (empty cache: a first visit) -> the page's ``selfattnLive.timings``
+    (``performance.now()``, ms since navigation). ``scroll``: the page is opened at its top and left
+    to finish loading (every figure drawn), then the panel is scrolled into view, as a reader who
+    reads down to it; otherwise ``url`` (a link to the section) starts the panel as soon as it is parsed."""
+    context, tab, record = _open(browser, url, base)
+    try:
+        if scroll:
+            tab.wait_for_function(FIGURES_DRAWN_JS, timeout=30000)
+            tab.wait_for_timeout(500)
+            assert tab.evaluate("() => window.selfattnLive.timings.start") is None  # lazy: not started yet
+            tab.eval_on_selector(".selfattn-livemodel", "(el) => el.scrollIntoView()")
+        assert tab.evaluate(READY_JS) == {"ok": True}
+        tab.wait_for_function("() => window.selfattnLive.timings.first_result !== null", timeout=20000)
+        timings = tab.evaluate("() => window.selfattnLive.timings")
+    finally:
+        context.close()
+    assert record["blocked"] == [] and record["errors"] == [], record
+    assert all(isinstance(v, (int, float)) and math.isfinite(v) for v in timings.values()), timings
+    return timings
+
+
+def test_first_result_within_2_s_of_starting(browser, site_url, built_html, artifacts):
+    """The live model's own load, from the moment the panel starts (scrolled into view) to its first
+    result (heatmaps and continuation drawn), is under 2 s: the median of three first visits per
+    scheme. Reported beside it, not asserted: opening a link to the section, the time from navigation
+    to the first result, which adds the page's own loading (the theme's scripts, plotly.js, the
+    chapter's figures) before the panel is parsed; on the 2-core test machine about 2 s of it."""
+    summary = {}
+    for scheme in ("http", "file"):
+        url, base = _url(scheme, site_url, built_html)
+        scrolled = [_timings(browser, url.split("#")[0], base, scroll=True) for _ in range(3)]
+        linked = [_timings(browser, url, base, scroll=False) for _ in range(3)]
+        summary[scheme] = {
+            "scrolled_into_view": {k: [round(t[k]) for t in scrolled] for k in scrolled[0]},
+            "start_to_first_result_ms": [round(t["first_result"] - t["start"]) for t in scrolled],
+            "median_start_to_first_result_ms": round(statistics.median(t["first_result"] - t["start"] for t in scrolled)),
+            "link_to_section": {k: [round(t[k]) for t in linked] for k in linked[0]},
+            "median_navigation_to_first_result_ms": round(statistics.median(t["first_result"] for t in linked)),
+        }
+    (artifacts / "live_load.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1))
+    for scheme, s in summary.items():
+        assert s["median_start_to_first_result_ms"] < FIRST_RESULT_LIMIT_MS, (scheme, s)
+
+
+def test_keyboard_reaches_the_prompt_and_typing_updates_the_heads_at_390_px(browser, site_url, built_html):
+    url, base = _url("http", site_url, built_html)
+    context, tab, record = _open(browser, url, base, viewport={"width": 390, "height": 844})
+    try:
+        assert tab.evaluate(READY_JS) == {"ok": True}
+        tab.wait_for_function("() => window.selfattnLive.timings.first_result !== null", timeout=20000)
+        # From the panel's start, Tab reaches the prompt box, then every control, each with a label.
+        tab.eval_on_selector(".selfattn-livemodel", "(el) => { el.tabIndex = -1; el.focus(); }")
+        reached = []
+        for _ in range(7):
+            tab.keyboard.press("Tab")
+            reached.append(tab.evaluate("""() => { const a = document.activeElement;
+                return {cls: a.className || a.type, label: (a.closest('label') || a).textContent.trim().slice(0, 30),
+                        outline: getComputedStyle(a).outlineStyle}; }"""))
+        assert reached[0]["cls"] == "text" and reached[0]["label"].startswith("Prompt"), reached[0]
+        assert [r["cls"] for r in reached[1:]] == ["selfattn-livemodel-mode", "selfattn-livemodel-temperature",
+                                                  "selfattn-livemodel-topk", "selfattn-livemodel-topp",
+                                                  "selfattn-livemodel-new", "selfattn-livemodel-again"], reached
+        assert all(r["label"] for r in reached) and all(r["outline"] != "none" for r in reached), reached
+        # Typing in the prompt box (keyboard only) redraws the heatmaps for the longer prompt.
+        tab.eval_on_selector(".selfattn-livemodel-prompt input", "(el) => el.focus()")
+        before = tab.eval_on_selector(".selfattn-livemodel-grid canvas", "(c) => c.getAttribute('aria-label')")
+        tab.keyboard.press("End")
+        tab.keyboard.type("the value of")
+        tab.wait_for_function("""(before) => { const c = document.querySelector('.selfattn-livemodel-grid canvas');
+            return c && c.getAttribute('aria-label') !== before && document.querySelector('.selfattn-livemodel-output')
+              .textContent.startsWith('The value of the value of'); }""", arg=before, timeout=10000)
+        after = tab.eval_on_selector(".selfattn-livemodel-grid canvas", "(c) => c.getAttribute('aria-label')")
+        assert re.search(r"rows the 25 prompt characters", after), after
+        # A phone's width: nothing scrolls sideways, the heatmaps wrap inside the panel.
+        width = tab.evaluate("() => [document.scrollingElement.scrollWidth, window.innerWidth]")
+        assert width[0] <= width[1], width
+        boxes = tab.evaluate("""() => { const p = document.querySelector('.selfattn-livemodel').getBoundingClientRect();
+            return [...document.querySelectorAll('.selfattn-livemodel-head')].map((f) => {
+              const r = f.getBoundingClientRect(); return r.left >= p.left - 1 && r.right <= p.right + 1; }); }""")
+        assert len(boxes) == 8 and all(boxes), boxes
+        # A character outside the vocabulary: a message naming it, not a silent wrong answer.
+        tab.keyboard.type("é")
+        tab.wait_for_function("() => document.querySelector('.selfattn-livemodel-status').textContent.includes('vocabulary')",
+                              timeout=5000)
+        status = tab.eval_on_selector(".selfattn-livemodel-status", "e => e.textContent")
+        assert '"é"' in status and "not in the model's vocabulary" in status, status
+    finally:
+        context.close()
+    assert record["blocked"] == [] and record["errors"] == []
+
+
+def test_without_webassembly_the_panel_says_so(browser, site_url, built_html):
+    url, base = _url("http", site_url, built_html)
+    blocked: list[str] = []
+    context = offline_context(browser, base, blocked)
+    context.add_init_script("delete window.WebAssembly;")
+    errors: list[str] = []
+    try:
+        tab = context.new_page()
+        tab.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        tab.on("pageerror", lambda e: errors.append(str(e)))
+        tab.goto(url, wait_until="load")
+        ready = tab.evaluate(READY_JS)
+        assert ready == {"ok": False, "reason": "WebAssembly"}, ready
+        status = tab.locator(".selfattn-livemodel-status")
+        assert status.is_visible() and "needs WebAssembly" in status.text_content()
+        assert tab.locator(".selfattn-livemodel-prompt input").is_disabled()
+    finally:
+        context.close()
+    assert blocked == [] and errors == [], (blocked, errors)
+
+
+PANEL_CONTRAST_JS = """() => {
+  const rgba = (s) => { const m = s.match(/[\\d.]+/g) || [0, 0, 0, 0]; return m.map(Number).concat([1]).slice(0, 4); };
+  const lum = (c) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+    return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]); };
+  const background = (el) => { for (let n = el; n; n = n.parentElement) { const c = rgba(getComputedStyle(n).backgroundColor);
+    if (c[3] > 0.5) return c; } return [255, 255, 255, 1]; };
+  return [...document.querySelectorAll('.selfattn-livemodel p, .selfattn-livemodel label, .selfattn-livemodel figcaption, .selfattn-livemodel input, .selfattn-livemodel select, .selfattn-livemodel button')]
+    .filter((e) => (e.value || e.textContent).trim()).map((e) => {
+      const fg = rgba(getComputedStyle(e).color), bg = background(e);
+      const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
+      return {ratio: (a + 0.05) / (b + 0.05), text: (e.value || e.textContent).trim().slice(0, 40)};
+    });
+}"""
+
+
+@pytest.mark.parametrize("mode", ["light", "dark"])
+def test_panel_text_is_legible_in_light_and_dark_mode(browser, site_url, built_html, mode):
+    """WCAG contrast >= 4.5 for every text of the panel (labels, controls, status, output, captions)
+    against the background it is drawn on, once the model has run (the theme's contrast test reads only
+    a page's first paragraphs)."""
+    url, base = _url("http", site_url, built_html)
+    context, tab, record = _open(browser, url, base, color_scheme=mode)
+    try:
+        tab.evaluate(f"() => {{ localStorage.setItem('mode', '{mode}'); localStorage.setItem('theme', '{mode}'); }}")
+        tab.reload(wait_until="load")
+        assert tab.evaluate("() => document.documentElement.dataset.theme") == mode
+        assert tab.evaluate(READY_JS) == {"ok": True}
+        ratios = tab.evaluate(PANEL_CONTRAST_JS)
+    finally:
+        context.close()
+    assert record["blocked"] == [] and record["errors"] == [], record
+    assert len(ratios) >= 15, ratios
+    low = [r for r in ratios if not r["ratio"] >= 4.5]
+    assert low == [], f"{mode}: panel text below 4.5:1: {low[:8]}"

@@ -1,0 +1,198 @@
+"""selfattn.live: the export twin equals GPT.forward (float32 and float64, RoPE and no positions, past
+block_size), the ONNX file run by Python's onnxruntime equals the torch model (both exporters), bad
+input is refused with clear errors, and the panel's HTML carries exactly what the page's script reads
+(the expected values are the torch model's own, recomputed here)."""
+
+from __future__ import annotations
+
+import base64
+import html.parser
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from selfattn.data import CharTokenizer
+from selfattn.live import GPTExport, LivePanel, decode_float32, export_onnx
+from selfattn.models.gpt import GPT, GPTConfig
+
+TEXT = "The value of an object is its state; a class </script> holds methods.\n"
+TOKENIZER = CharTokenizer(TEXT)
+
+
+def _model(positions="rope", dtype=torch.float32, block_size=12, seed=0):
+    torch.manual_seed(seed)
+    config = GPTConfig(vocab_size=TOKENIZER.vocab_size, block_size=block_size, d_model=24, n_heads=3,
+                       n_layers=2, d_ff=48, positions=positions)
+    model = GPT(config).eval()
+    with torch.no_grad():  # trained-looking weights: larger than the init, so heads differ
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model.to(dtype)
+
+
+def _ids(T, seed=1):
+    return torch.randint(0, TOKENIZER.vocab_size, (1, T), generator=torch.Generator().manual_seed(seed))
+
+
+def _max_diff(a, b) -> float:
+    d = float(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).max())
+    assert np.isfinite(d), "NaN or inf in a compared value"
+    return d
+
+
+@pytest.mark.parametrize("positions", ["rope", "none"])
+# float32: logits of size up to ~6 through two layers, each op rounding at ~1e-7 relative, in another
+# order (softmax of masked scores vs the package's masked softmax); float64 shows the arithmetic is the same.
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("T", [1, 5, 12, 37])  # 37 > block_size 12: RoPE past the training length
+def test_twin_equals_gpt_forward(positions, dtype, atol, T):
+    model = _model(positions, dtype)
+    ids = _ids(T)
+    with torch.no_grad():
+        logits, weights = model(ids, return_weights=True)
+        twin_logits, twin_weights = GPTExport(model)(ids)
+    assert twin_logits.shape == logits.shape and twin_logits.dtype == dtype
+    assert twin_weights.shape == (2, 3, T, T)
+    assert _max_diff(twin_logits, logits) < atol
+    assert _max_diff(twin_weights, torch.stack([w[0] for w in weights])) < atol
+
+
+def test_twin_shares_the_model_parameters():
+    model = _model()
+    twin = GPTExport(model)
+    with torch.no_grad():
+        model.lm_head.bias.add_(1.0)
+        assert _max_diff(twin(_ids(4))[0], model(_ids(4))) < 2e-6
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_onnx_equals_torch(dynamo):
+    ort = pytest.importorskip("onnxruntime")
+    model = _model()
+    data = export_onnx(model, max_positions=48, dynamo=dynamo)
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["input_ids"]
+    assert [o.name for o in session.get_outputs()] == ["logits", "weights"]
+    for T in (1, 2, 12, 48):  # up to max_positions = 4 * block_size
+        ids = _ids(T, seed=T)
+        with torch.no_grad():
+            logits, weights = model(ids, return_weights=True)
+        onnx_logits, onnx_weights = session.run(None, {"input_ids": ids.numpy()})
+        assert onnx_logits.shape == (1, T, TOKENIZER.vocab_size) and onnx_weights.shape == (2, 3, T, T)
+        assert onnx_logits.dtype == np.float32
+        assert _max_diff(onnx_logits, logits) < 1e-5, T
+        assert _max_diff(onnx_weights, torch.stack([w[0] for w in weights])) < 1e-5, T
+
+
+def test_export_writes_the_file_and_exports_a_float64_model_in_float32(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    model = _model(dtype=torch.float64)
+    data = export_onnx(model, tmp_path / "gpt.onnx", max_positions=16)
+    assert (tmp_path / "gpt.onnx").read_bytes() == data
+    assert model.lm_head.weight.dtype == torch.float64  # the caller's model is untouched
+    ids = _ids(9)
+    onnx_logits, _ = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"input_ids": ids.numpy()})
+    with torch.no_grad():
+        assert _max_diff(onnx_logits, model(ids)) < 1e-5
+
+
+def test_bad_models_and_sizes_are_refused():
+    with pytest.raises(TypeError, match="model must be a selfattn.models.gpt.GPT; got Linear"):
+        GPTExport(torch.nn.Linear(2, 2))
+    for scheme in ("learned", "sinusoidal", "alibi"):
+        with pytest.raises(ValueError, match=rf"positions must be one of \('rope', 'none'\) to export; got '{scheme}'"):
+            export_onnx(_model(scheme))
+    with pytest.raises(ValueError, match="max_positions"):
+        GPTExport(_model(), max_positions=0)
+    with pytest.raises(TypeError, match="dynamo must be a bool"):
+        export_onnx(_model(), dynamo="yes")
+
+
+@pytest.fixture(scope="module")
+def panel():
+    return LivePanel(_model(), TOKENIZER, ["The value", "a class a cl"], max_new_tokens=20, check_new_tokens=9)
+
+
+def test_panel_refuses_bad_input():
+    model = _model()
+    with pytest.raises(TypeError, match="tokenizer must be a selfattn.data.CharTokenizer"):
+        LivePanel(model, "abc", ["The"])
+    with pytest.raises(ValueError, match=r"tokenizer.vocab_size \(3\) must equal the model's vocab_size"):
+        LivePanel(model, CharTokenizer("abc"), ["a"])
+    with pytest.raises(TypeError, match="prompts must be a list of 1 to 8 strings; got 'The'"):
+        LivePanel(model, TOKENIZER, "The")
+    with pytest.raises(ValueError, match=r"prompts\[1\] must be a string of 1 to block_size=12 characters; got ''"):
+        LivePanel(model, TOKENIZER, ["The", ""])
+    with pytest.raises(ValueError, match="block_size=12"):
+        LivePanel(model, TOKENIZER, ["The value of an"])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        LivePanel(model, TOKENIZER, ["Zebra"])
+    with pytest.raises(ValueError, match="check_new_tokens"):
+        LivePanel(model, TOKENIZER, ["The"], max_new_tokens=4, check_new_tokens=5)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        LivePanel(model, TOKENIZER, ["The"], max_new_tokens=0)
+
+
+class _Scripts(html.parser.HTMLParser):
+    """The JSON blocks (by class) and the form controls of the panel's HTML."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks, self.controls, self._cls = {}, [], None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "script" and a.get("type") == "application/json":
+            self._cls = a["class"]
+        elif tag == "script":  # the one-line call that lets the page's script find the panel early
+            self._cls = "inline"
+        elif tag in ("input", "select", "button"):
+            self.controls.append((tag, a))
+
+    def handle_data(self, data):
+        if self._cls:
+            self.blocks[self._cls] = self.blocks.get(self._cls, "") + data
+
+    def handle_endtag(self, tag):
+        if tag == "script":
+            self._cls = None
+
+
+def test_panel_html_carries_what_the_page_reads(panel):
+    text = panel._repr_html_()
+    parser = _Scripts()
+    parser.feed(text)
+    assert parser.blocks.pop("inline") == "window.selfattnLive && window.selfattnLive.init();"
+    blocks = {k: json.loads(v) for k, v in parser.blocks.items()}
+    assert set(blocks) == {"selfattn-livemodel-config", "selfattn-livemodel-onnx", "selfattn-livemodel-expected"}
+    config = blocks["selfattn-livemodel-config"]
+    assert config["vocab"] == TOKENIZER.chars and "<" in config["vocab"]  # "</script>" in the corpus: escaped
+    assert (config["block_size"], config["n_layers"], config["n_heads"], config["max_positions"]) == (12, 2, 3, 48)
+    assert (config["max_prompt"], config["max_new_tokens"], config["prompt"]) == (12, 20, "The value")
+    assert base64.b64decode(blocks["selfattn-livemodel-onnx"]) == panel.onnx
+    model = panel.model
+    for entry, prompt in zip(blocks["selfattn-livemodel-expected"], ["The value", "a class a cl"], strict=True):
+        ids = TOKENIZER.encode(prompt)[None]
+        T = ids.shape[1]
+        assert entry["prompt"] == prompt and entry["ids"] == ids[0].tolist() and entry["T"] == T
+        with torch.no_grad():
+            logits, weights = model(ids, return_weights=True)
+            greedy = model.generate(ids, 9, greedy=True, use_cache=False)  # the other decoding path
+        assert _max_diff(decode_float32(entry["logits"], (T, TOKENIZER.vocab_size)), logits[0]) == 0.0
+        assert _max_diff(decode_float32(entry["weights"], (2, 3, T, T)), torch.stack([w[0, :] for w in weights])) == 0.0
+        assert entry["greedy"] == {"n_new": 9, "text": TOKENIZER.decode(greedy[0, T:])}
+    # The controls the script reads, each labelled; the prompt box limited to block_size characters.
+    kinds = {a.get("class", a.get("type")) for _tag, a in parser.controls}
+    assert {"selfattn-livemodel-mode", "selfattn-livemodel-temperature", "selfattn-livemodel-topk",
+            "selfattn-livemodel-topp", "selfattn-livemodel-new", "selfattn-livemodel-again", "text"} <= kinds
+    prompt_box = next(a for tag, a in parser.controls if a.get("type") == "text")
+    assert prompt_box["maxlength"] == "12" and prompt_box["value"] == "The value"
+    assert text.count("<label") == 6 and 'class="selfattn-livemodel"' in text
+    assert panel._repr_mimebundle_()["text/html"].startswith('<div class="selfattn-livemodel"')
+
+
+def test_decode_float32_checks_the_size():
+    with pytest.raises(ValueError, match=r"shape \(2, 2\) needs 16"):
+        decode_float32(base64.b64encode(b"\0" * 12).decode(), (2, 2))
