@@ -141,15 +141,17 @@ def test_band_kernel_in_head_groups_equals_one_thread(band):
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("which", ["q", "k", "v"])
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
-def test_a_non_finite_value_reaches_only_the_rows_that_see_it(causal, which, bad):
+def test_a_non_finite_value_reaches_only_the_rows_that_see_it(causal, which, bad, band):
     """Masking by replacement: a NaN or inf stored at a position reaches neither the outputs nor the
-    gradients of the rows whose window does not hold it (the band kernel redoes such inputs the safe way)."""
+    gradients of the rows whose window does not hold it (the band kernel redoes such inputs the safe way).
+    The band kernel is the path under test: it must have run (``band``), not only the general loop."""
     T, window, pos = 40, 5, 17
     q, k, v = _qkv(T, seed=3)
     clean = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     with torch.no_grad():
         {"q": q, "k": k, "v": v}[which][1, 2, pos, 3] = bad
     out = sliding_window_tiled_attention(q, k, v, window, causal, block_q=8)
+    assert band and band[0] == "band", band  # dispatched to the band kernel first
     grads, _ = _grads(out, (q, k, v))
     expected = sliding_window_attention(*clean, window, causal)
     expected_grads, _ = _grads(expected, clean)
