@@ -84,10 +84,24 @@
 
   // --- sampling: selfattn.sampling's rules --------------------------------------------------------
 
-  function argmax(row) {
+  /* The first non-finite logit (NaN or ±Infinity) of a row: an error, never a silent argmax of 0. */
+  function requireFinite(row) {
+    for (let i = 0; i < row.length; i++) {
+      if (!Number.isFinite(row[i])) {
+        throw new RangeError(`the model gave a non-finite logit (${row[i]}) for token ${i}; expected finite numbers`);
+      }
+    }
+  }
+
+  function firstMax(row) {
     let best = 0;
     for (let i = 1; i < row.length; i++) if (row[i] > row[best]) best = i; // first of equal maxima, as torch
     return best;
+  }
+
+  function argmax(row) {
+    requireFinite(row);
+    return firstMax(row);
   }
 
   /* logits (array of numbers) -> a copy with every token outside top-k and the top-p nucleus at -Infinity.
@@ -121,10 +135,30 @@
     return x.map((v, i) => (keep[i] ? v : -Infinity));
   }
 
+  /* The sampling controls' text -> {greedy, temperature, top_k, top_p}, or {error} naming the control,
+     the value and the valid range: never a silently different value. Temperature 0 means greedy (the
+     limit of sampling as the temperature goes to 0). As selfattn.sampling: temperature >= 0 (finite),
+     top-k a positive integer (0 or empty here: every token), top-p in (0, 1]. */
+  function parseOptions(mode, temperature, topk, topp) {
+    const bad = (control, value, range) => ({ error: `${control} ${JSON.stringify(String(value))} is not valid: ` +
+      `expected ${range}.` });
+    const t = String(temperature).trim(), k = String(topk).trim(), p = String(topp).trim();
+    const tau = t === "" ? NaN : Number(t);
+    if (!Number.isFinite(tau) || tau < 0) return bad("Temperature", temperature, "a number >= 0 (0: greedy)");
+    const kk = k === "" ? 0 : Number(k);
+    if (!Number.isInteger(kk) || kk < 0) return bad("Top-k", topk, "a whole number >= 1, or 0 for every token");
+    const pp = p === "" ? 1 : Number(p);
+    if (!Number.isFinite(pp) || !(pp > 0 && pp <= 1)) return bad("Top-p", topp, "a number in (0, 1] (1: every token)");
+    return { greedy: mode === "greedy" || tau === 0, temperature: tau, top_k: kk >= 1 ? kk : null,
+             top_p: pp < 1 ? pp : null };
+  }
+
   function pick(row, options) {
     const opts = options || {};
     if (opts.greedy !== false) return argmax(row);
+    requireFinite(row);
     const tau = Number(opts.temperature);
+    if (!(tau > 0)) throw new RangeError(`temperature must be > 0 to sample (0: greedy); got ${opts.temperature}`);
     let max = -Infinity;
     for (const v of row) if (v > max) max = v;
     let scaled = Array.from(row, (v) => (v - max === 0 ? 0 : (v - max) / tau));
@@ -133,7 +167,7 @@
     const total = e.reduce((a, b) => a + b, 0);
     let u = Math.random() * total;
     for (let i = 0; i < e.length; i++) { u -= e[i]; if (u < 0 && e[i] > 0) return i; }
-    return argmax(scaled);
+    return firstMax(scaled); // rounding left u >= 0: the most probable kept token
   }
 
   // --- colour: Viridis, as the book's heatmaps -----------------------------------------------------
@@ -162,6 +196,8 @@
       this.config = readJSON(root, "selfattn-livemodel-config");
       this.onnx = readJSON(root, "selfattn-livemodel-onnx");
       this.expected = readJSON(root, "selfattn-livemodel-expected");
+      this.long = readJSON(root, "selfattn-livemodel-long");
+      this.shown = null;
       this.index = new Map([...this.config.vocab].map((ch, i) => [ch, i]));
       const q = (cls) => root.querySelector("." + cls);
       this.input = root.querySelector(".selfattn-livemodel-prompt input");
@@ -179,6 +215,7 @@
       this.queue = Promise.resolve();
       this.serial = 0;
       this.timer = null;
+      this.running = Promise.resolve();
       this.started = false;
     }
 
@@ -204,7 +241,8 @@
       this.input.addEventListener("input", update);
       for (const el of [this.mode, this.temperature, this.topk, this.topp, this.nNew]) el.addEventListener("change", update);
       this.again.addEventListener("click", () => this.safeUpdate());
-      this.update().then(() => readyResolve({ ok: true }), (err) => {
+      this.running = this.update();
+      this.running.then(() => readyResolve({ ok: true }), (err) => {
         this.say("The live model could not start: " + err.message, true);
         readyResolve({ ok: false, reason: String(err) });
       });
@@ -216,11 +254,25 @@
 
     schedule() {
       clearTimeout(this.timer);
-      this.timer = setTimeout(() => this.safeUpdate(), 120); // debounce: one run per pause in typing
+      this.timer = setTimeout(() => { this.timer = null; this.safeUpdate(); }, 120); // debounce: one run per pause in typing
     }
 
     safeUpdate() {
-      return this.update().catch((err) => this.say("The live model failed on this prompt: " + err.message, true));
+      const serial = this.serial + 1;
+      this.running = this.update().catch((err) => {
+        if (serial === this.serial) this.refuse("The live model failed on this prompt: " + err.message + ".");
+      });
+      return this.running;
+    }
+
+    /* Resolves once no update is scheduled or running (for the tests). */
+    async idle() {
+      for (;;) {
+        while (this.timer !== null) await new Promise((resolve) => setTimeout(resolve, 30));
+        const running = this.running;
+        await running;
+        if (this.timer === null && running === this.running) return;
+      }
     }
 
     async getSession() {
@@ -253,10 +305,13 @@
       return [...text].map((ch) => this.index.get(ch));
     }
 
-    async generate(ids, n, options) {
+    /* ids -> the ids of up to n new tokens; stops early (returns null) once current() is false:
+       a newer update has started, this continuation would be thrown away. */
+    async generate(ids, n, options, current) {
       const V = this.config.vocab.length, out = [];
       let seq = ids.slice();
       for (let step = 0; step < n && seq.length < this.config.max_positions; step++) {
+        if (current && !current()) return null;
         const { T, logits } = await this.forward(seq);
         const next = pick(logits.subarray((T - 1) * V, T * V), options);
         out.push(next);
@@ -266,38 +321,63 @@
     }
 
     options() {
-      const greedy = this.mode.value === "greedy";
-      const temperature = Math.min(5, Math.max(0.05, Number(this.temperature.value) || 1));
-      const k = Math.round(Number(this.topk.value)) || 0;
-      const p = Number(this.topp.value);
-      return { greedy, temperature, top_k: k >= 1 ? k : null, top_p: p > 0 && p < 1 ? p : null };
+      return parseOptions(this.mode.value, this.temperature.value, this.topk.value, this.topp.value);
+    }
+
+    /* Nothing drawn for an earlier prompt stays on show once a prompt or a setting is refused. */
+    clear() {
+      this.grid.textContent = "";
+      this.outPrompt.textContent = "";
+      this.outNew.textContent = "";
+      this.shown = null;
+    }
+
+    refuse(text) {
+      this.clear();
+      this.say(text, true);
     }
 
     async update() {
       const serial = ++this.serial;
+      const current = () => serial === this.serial;
       const text = this.input.value;
       if (!text.length) {
-        this.say("Type a prompt to run the model.", true);
+        this.refuse("Type a prompt to run the model.");
         return;
       }
       let ids;
       try {
         ids = this.encode(text);
       } catch (err) {
-        this.say("Cannot run this prompt: " + err.message + ".", true);
+        this.refuse("Cannot run this prompt: " + err.message + ".");
+        return;
+      }
+      const opts = this.options();
+      if (opts.error) {
+        this.refuse("Cannot generate: " + opts.error);
+        return;
+      }
+      const nText = String(this.nNew.value).trim(), nValue = Number(nText);
+      if (!Number.isInteger(nValue) || nValue < 1 || nValue > this.config.max_new_tokens) {
+        this.refuse(`Cannot generate: New characters ${JSON.stringify(nText)} is not valid: expected a whole ` +
+          `number from 1 to ${this.config.max_new_tokens}.`);
         return;
       }
       const { T, weights } = await this.forward(ids);
-      if (serial !== this.serial) return; // the reader typed on: a newer run will draw
+      if (!current()) return; // the reader typed on: a newer run will draw
+      for (let i = 0; i < weights.length; i++) {
+        if (!Number.isFinite(weights[i])) throw new RangeError(`the model gave a non-finite attention weight (${weights[i]})`);
+      }
       this.draw(text, T, weights);
+      this.shown = { prompt: text, T, weights };
+      this.outPrompt.textContent = text;
+      this.outNew.textContent = "";
       if (timings.first_weights === null) timings.first_weights = performance.now();
-      const n = Math.min(this.config.max_new_tokens, Math.max(1, Math.round(Number(this.nNew.value)) || 1));
-      const opts = this.options();
-      const next = await this.generate(ids, n, opts);
-      if (serial !== this.serial) return;
+      const next = await this.generate(ids, nValue, opts, current);
+      if (!current()) return;
       this.outPrompt.textContent = text;
       this.outNew.textContent = next.map((i) => this.config.vocab[i]).join("");
-      this.say(`Continuation (${opts.greedy ? "greedy" : `sampled at temperature ${opts.temperature}` +
+      this.say(`Continuation (${opts.greedy ? (this.mode.value === "greedy" ? "greedy" : "greedy: temperature 0") : `sampled at temperature ${opts.temperature}` +
         (opts.top_k ? `, top-k ${opts.top_k}` : "") + (opts.top_p ? `, top-p ${opts.top_p}` : "")}), ` +
         `then the weights of the ${T} prompt characters in every layer and head.`);
       if (timings.first_result === null) timings.first_result = performance.now();
@@ -365,6 +445,19 @@
       const panel = panels[0];
       const out = await panel.generate(panel.encode(prompt), n, options || { greedy: true });
       return out.map((i) => panel.config.vocab[i]).join("");
+    },
+    parseOptions, pick,
+    idle() { return panels[0].idle(); },
+    /* What the panel shows now: {prompt, T, weights} of the drawn heatmaps, or null (nothing drawn). */
+    shown() {
+      const s = panels[0].shown;
+      return s ? { prompt: s.prompt, T: s.T, weights: Array.from(s.weights) } : null;
+    },
+    /* The long probe (> block_size positions) the build wrote, decoded, or null in an older page. */
+    long() {
+      const e = panels[0].long;
+      if (!e) return null;
+      return { ...e, logits: Array.from(f32(e.logits)), weights: Array.from(f32(e.weights)) };
     },
     expected() {
       return panels[0].expected.map((e) => ({ ...e, logits: Array.from(f32(e.logits)), weights: Array.from(f32(e.weights)) }));

@@ -11,7 +11,7 @@ run in a browser. This module gives the three pieces that make that possible and
 - :func:`export_onnx`: the twin exported to ONNX (``torch.onnx.export``, T dynamic), as bytes.
 - :class:`LivePanel`: a display object whose ``text/html`` holds the ONNX bytes, the vocabulary, the
   sizes and the values the torch model gives for a few fixed prompts (logits, weights, the greedy
-  continuation of :meth:`GPT.generate`), plus the panel's markup: a prompt box, sampling controls, an
+  continuation of :meth:`GPT.generate`) and for one long probe past ``block_size``, plus the panel's markup: a prompt box, sampling controls, an
   output area and a heatmap grid. The book's ``_static/selfattn-live.js`` finds the panel and runs
   the model with ``onnxruntime-web`` (WebAssembly, one thread), vendored by ``scripts/vendor_js.py``.
 
@@ -211,7 +211,12 @@ class LivePanel:
     - ``selfattn-livemodel-onnx``: the ONNX file of :func:`export_onnx`, base64;
     - ``selfattn-livemodel-expected``: for each fixed prompt, its ``ids``, the torch model's ``logits``
       (T, V) and ``weights`` (L, H, T, T) as little-endian float32 in base64 (row-major), and the
-      ``greedy`` continuation of :meth:`GPT.generate` (``greedy=True``, ``n_new`` characters).
+      ``greedy`` continuation of :meth:`GPT.generate` (``greedy=True``, ``n_new`` characters);
+    - ``selfattn-livemodel-long``: the *long probe*, one prompt longer than ``block_size`` (so the page's
+      run is checked at positions >= ``block_size``, where RoPE runs past the training length): its
+      ``prompt``, ``ids``, ``T``, the torch model's ``logits`` (T, V) and, to keep the page small, only
+      the weights of its last ``rows`` query positions: ``weights`` (L, H, rows, T) = the full
+      weights' ``[:, :, row0:, :]`` with ``row0 = T - rows``. No greedy text.
 
     The markup around them is the panel the page's script fills in: a labelled prompt box, controls
     for greedy / temperature / top-k / top-p and the number of new characters, an output area and a
@@ -228,9 +233,13 @@ class LivePanel:
         check_new_tokens: characters of each prompt's greedy continuation stored for the test (> 0,
             <= max_new_tokens).
         max_positions: as :class:`GPTExport` (default ``4 * block_size``).
+        long_prompt: the long probe's text: ``block_size`` < length <= ``max_positions`` vocabulary
+            characters; default: the prompts joined by spaces (without, if the vocabulary has no
+            space), repeated and cut to ``min(max_positions, 5 * block_size // 2)`` characters.
 
     Attributes:
-        onnx: the exported bytes. expected: the per-prompt values (numpy arrays).
+        onnx: the exported bytes. expected: the per-prompt values (numpy arrays). long: the long
+        probe's values (numpy arrays; ``weights`` the last ``LONG_ROWS`` query rows).
 
     Raises:
         TypeError / ValueError: a model or tokenizer of the wrong type, vocabularies of different
@@ -241,7 +250,7 @@ class LivePanel:
     """
 
     def __init__(self, model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 40,
-                 check_new_tokens: int = 24, max_positions: int | None = None):
+                 check_new_tokens: int = 24, max_positions: int | None = None, long_prompt: str | None = None):
         from .data import CharTokenizer
 
         _require_gpt(model)
@@ -266,10 +275,43 @@ class LivePanel:
             raise ValueError(f"need block_size + max_new_tokens <= max_positions and check_new_tokens <= "
                              f"max_new_tokens; got {config.block_size} + {n_new} vs {self.max_positions}, "
                              f"check_new_tokens={n_check}")
+        if long_prompt is None:
+            sep = " " if " " in tokenizer.chars else ""
+            unit = sep.join(prompts) + sep
+            n_long = min(self.max_positions, 5 * config.block_size // 2)
+            long_prompt = (unit * (n_long // len(unit) + 1))[:n_long]
+        if not isinstance(long_prompt, str) or not config.block_size < len(long_prompt) <= self.max_positions:
+            raise ValueError(f"long_prompt must be a string of more than block_size={config.block_size} and at most "
+                             f"max_positions={self.max_positions} characters; got {long_prompt!r}")
+        tokenizer.encode(long_prompt)  # raises ValueError naming characters outside the vocabulary
         self.model, self.tokenizer, self.prompts = model, tokenizer, list(prompts)
         self.max_new_tokens, self.check_new_tokens = n_new, n_check
         self.onnx = export_onnx(model, max_positions=self.max_positions)
         self.expected = [self._expected(p) for p in self.prompts]
+        self.long = self._long(long_prompt)
+
+    LONG_ROWS = 8  # query rows of the long probe's weights stored in the page
+
+    @torch.no_grad()
+    def _long(self, prompt: str) -> dict:
+        model = self.model
+        device = next(model.parameters()).device
+        ids = self.tokenizer.encode(prompt)[None].to(device)  # (1, T), T > block_size
+        was_training = model.training
+        model.eval()
+        logits, weights = model(ids, return_weights=True)  # (1, T, V), L x (1, H, T, T)
+        model.train(was_training)
+        T = ids.shape[1]
+        row0 = max(0, T - self.LONG_ROWS)
+        return {"prompt": prompt, "ids": ids[0].tolist(), "row0": row0,
+                "logits": logits[0].float().cpu().numpy(),  # (T, V)
+                "weights": torch.stack([w[0, :, row0:, :] for w in weights]).float().cpu().numpy()}  # (L, H, rows, T)
+
+    def long_payload(self) -> dict:
+        e = self.long
+        return {"prompt": e["prompt"], "ids": e["ids"], "T": len(e["ids"]), "row0": e["row0"],
+                "rows": len(e["ids"]) - e["row0"], "logits": _b64_float32(e["logits"]),
+                "weights": _b64_float32(e["weights"])}
 
     @torch.no_grad()
     def _expected(self, prompt: str) -> dict:
@@ -305,11 +347,12 @@ class LivePanel:
 {_json_script("selfattn-livemodel-config", self.config_payload())}
 {_json_script("selfattn-livemodel-onnx", base64.b64encode(self.onnx).decode("ascii"))}
 {_json_script("selfattn-livemodel-expected", self.expected_payload())}
+{_json_script("selfattn-livemodel-long", self.long_payload())}
 <div class="selfattn-livemodel-controls">
 <label class="selfattn-livemodel-prompt">Prompt (at most {c.block_size} characters)
 <input type="text" id="selfattn-livemodel-{uid}-prompt" maxlength="{c.block_size}" value="{esc(self.prompts[0])}" autocomplete="off" spellcheck="false"></label>
 <label>Decoding <select class="selfattn-livemodel-mode"><option value="greedy" selected>greedy</option><option value="sample">sample</option></select></label>
-<label>Temperature <input type="number" class="selfattn-livemodel-temperature" min="0.05" max="5" step="0.05" value="0.8"></label>
+<label>Temperature <input type="number" class="selfattn-livemodel-temperature" min="0" step="0.05" value="0.8" title="0: greedy"></label>
 <label>Top-k <input type="number" class="selfattn-livemodel-topk" min="0" max="{c.vocab_size}" step="1" value="0" title="0: every token"></label>
 <label>Top-p <input type="number" class="selfattn-livemodel-topp" min="0.01" max="1" step="0.01" value="1"></label>
 <label>New characters <input type="number" class="selfattn-livemodel-new" min="1" max="{self.max_new_tokens}" step="1" value="{n_new}"></label>

@@ -9,6 +9,12 @@ local web server and from ``file://`` and check that:
   generation gives the characters of ``GPT.generate`` (the expected values are the torch model's,
   written by the notebook; the page's are computed by the browser);
 - the page's top-k / top-p filtering equals ``selfattn.sampling.filter_logits`` on the same logits;
+- the same past ``block_size``: the panel's long probe (more than ``block_size`` characters) against
+  ``GPT.forward``'s logits and last query rows of weights, within 1e-4;
+- the sampling controls are read as typed (temperature 0 is greedy, top-k 1 the argmax); a value out of
+  range stops generation with a message naming the control, the value and the range; a refused prompt
+  clears the old heatmaps and continuation; after fast typing the heatmaps drawn are the last prompt's;
+  non-finite logits are an error, not token 0;
 - every first visit reaches a first result (heatmaps and continuation drawn); the time to it, from the
   panel's start (scrolled into view) and from navigation (a link to the section), is measured and
   written to ``test-artifacts/live_load.json`` against issue 17's 2 s target, not asserted (a timing
@@ -291,3 +297,153 @@ def test_panel_text_is_legible_in_light_and_dark_mode(browser, site_url, built_h
     assert len(ratios) >= 15, ratios
     low = [r for r in ratios if not r["ratio"] >= 4.5]
     assert low == [], f"{mode}: panel text below 4.5:1: {low[:8]}"
+
+
+def _set_controls(tab, values: dict) -> None:
+    """Set the panel's controls (class suffix -> value) as a reader would, then wait for the panel to settle."""
+    tab.evaluate("""(values) => { const root = document.querySelector('.selfattn-livemodel');
+        for (const [cls, value] of Object.entries(values)) {
+          const el = cls === 'prompt' ? root.querySelector('.selfattn-livemodel-prompt input')
+                                      : root.querySelector('.selfattn-livemodel-' + cls);
+          el.value = value;
+          el.dispatchEvent(new Event(cls === 'prompt' ? 'input' : 'change', {bubbles: true}));
+        } }""", values)
+    tab.evaluate("() => window.selfattnLive.idle()")
+
+
+def _panel_text(tab) -> dict:
+    return tab.evaluate("""() => ({status: document.querySelector('.selfattn-livemodel-status').textContent,
+        problem: document.querySelector('.selfattn-livemodel-status').classList.contains('selfattn-livemodel-problem'),
+        prompt: document.querySelector('.selfattn-livemodel-out-prompt').textContent,
+        continuation: document.querySelector('.selfattn-livemodel-out-new').textContent,
+        heads: document.querySelectorAll('.selfattn-livemodel-grid canvas').length})""")
+
+
+def test_sampling_controls_are_read_as_typed_not_replaced(browser, site_url, built_html):
+    """Temperature 0 is greedy (it was read as 1); top-k 1 keeps only the argmax; a temperature, top-k or
+    top-p outside its range stops generation with a message naming the control, the value and the range
+    (top-p 0 used to keep every token, temperature -1 became 0.05)."""
+    url, base = _url("http", site_url, built_html)
+    context, tab, record = _open(browser, url, base)
+    try:
+        assert tab.evaluate(READY_JS) == {"ok": True}
+        tab.evaluate("() => window.selfattnLive.idle()")
+        first = tab.evaluate("() => window.selfattnLive.expected()")[0]
+        n, greedy = first["greedy"]["n_new"], first["greedy"]["text"]
+        assert len(greedy) == n > 0
+        _set_controls(tab, {"prompt": first["prompt"], "new": str(n), "mode": "sample", "temperature": "0",
+                            "topk": "0", "topp": "1"})
+        shown = _panel_text(tab)
+        assert shown["continuation"] == greedy and not shown["problem"], shown
+        assert "greedy: temperature 0" in shown["status"], shown
+        _set_controls(tab, {"temperature": "0.8", "topk": "1"})  # sampling among the single top token
+        shown = _panel_text(tab)
+        assert shown["continuation"] == greedy and "top-k 1" in shown["status"], shown
+        for values, control, value, valid in [
+            ({"topk": "0", "topp": "0"}, "Top-p", '"0"', "(0, 1]"),
+            ({"topp": "1.5"}, "Top-p", '"1.5"', "(0, 1]"),
+            ({"topp": "1", "temperature": "-1"}, "Temperature", '"-1"', ">= 0"),
+            ({"temperature": "abc"}, "Temperature", '""', ">= 0"),  # a number box holding text reads ""
+            ({"temperature": "0.8", "topk": "2.5"}, "Top-k", '"2.5"', "whole number"),
+            ({"topk": "0", "new": "0"}, "New characters", '"0"', "from 1 to"),
+        ]:
+            _set_controls(tab, values)
+            shown = _panel_text(tab)
+            assert shown["problem"] and f"{control} {value} is not valid" in shown["status"], (values, shown)
+            assert valid in shown["status"], (values, shown)
+            assert shown["continuation"] == "" and shown["heads"] == 0, (values, shown)  # nothing stale on show
+        _set_controls(tab, {"new": str(n), "mode": "greedy"})
+        shown = _panel_text(tab)
+        assert shown["continuation"] == greedy and not shown["problem"], shown
+        parsed = tab.evaluate("() => window.selfattnLive.parseOptions('sample', '0.5', '3', '0.9')")
+        assert parsed == {"greedy": False, "temperature": 0.5, "top_k": 3, "top_p": 0.9}, parsed
+    finally:
+        context.close()
+    assert record["blocked"] == [] and record["errors"] == [], record
+
+
+def test_non_finite_logits_are_an_error_not_token_0(browser, site_url, built_html):
+    url, base = _url("http", site_url, built_html)
+    context, tab, record = _open(browser, url, base)
+    try:
+        assert tab.evaluate(READY_JS) == {"ok": True}
+        for row, options in [([0.5, float("nan"), 1.0], {"greedy": True}), ([float("nan")] * 3, {"greedy": True}),
+                             ([0.5, 2.0, float("nan")], {"greedy": False, "temperature": 1})]:
+            message = tab.evaluate("""([row, o]) => { try { return 'picked ' + window.selfattnLive.pick(row, o); }
+                catch (e) { return e.message; } }""", [row, options])
+            assert "non-finite logit (NaN)" in message, (row, options, message)
+        assert tab.evaluate("() => window.selfattnLive.pick([0.5, 2.0, 1.0], {greedy: true})") == 1
+    finally:
+        context.close()
+    assert record["blocked"] == [] and record["errors"] == [], record
+
+
+def test_refused_prompt_clears_the_old_result_and_the_last_prompt_typed_is_drawn(browser, site_url, built_html):
+    url, base = _url("http", site_url, built_html)
+    context, tab, record = _open(browser, url, base)
+    try:
+        assert tab.evaluate(READY_JS) == {"ok": True}
+        tab.evaluate("() => window.selfattnLive.idle()")
+        config = tab.evaluate("() => window.selfattnLive.panels[0].config")
+        L, H = config["n_layers"], config["n_heads"]
+        assert _panel_text(tab)["heads"] == L * H
+        # A character outside the vocabulary: the message, and no heatmaps or continuation of the old prompt.
+        box = tab.locator(".selfattn-livemodel-prompt input")
+        box.focus()
+        tab.keyboard.press("End")
+        tab.keyboard.type("é")
+        tab.evaluate("() => window.selfattnLive.idle()")
+        shown = _panel_text(tab)
+        assert shown["problem"] and '"é"' in shown["status"], shown
+        assert shown["heads"] == 0 and shown["prompt"] == "" and shown["continuation"] == "", shown
+        assert tab.evaluate("() => window.selfattnLive.shown()") is None
+        _set_controls(tab, {"prompt": ""})
+        shown = _panel_text(tab)
+        assert shown["problem"] and "Type a prompt" in shown["status"] and shown["heads"] == 0, shown
+        # Rapid typing (no pause for the debounce, plus a direct update mid-way): what is drawn is the last prompt's.
+        box.fill("")
+        for i, ch in enumerate("the value of a class"):
+            tab.keyboard.type(ch, delay=5)
+            if i == 6:
+                tab.evaluate("() => { window.selfattnLive.panels[0].safeUpdate(); }")
+        tab.evaluate("() => window.selfattnLive.idle()")
+        final = "the value of a class"
+        drawn = tab.evaluate("() => window.selfattnLive.shown()")
+        assert drawn is not None and drawn["prompt"] == final and drawn["T"] == len(final), drawn
+        run = tab.evaluate("(p) => window.selfattnLive.run(p)", final)
+        T = len(final)
+        assert _max_diff(np.reshape(drawn["weights"], (L, H, T, T)), np.reshape(run["weights"], (L, H, T, T))) < 1e-6
+        shown = _panel_text(tab)
+        assert shown["heads"] == L * H and shown["prompt"] == final and not shown["problem"], shown
+        assert len(shown["continuation"]) == int(tab.eval_on_selector(".selfattn-livemodel-new", "e => e.value")), shown
+        label = tab.eval_on_selector(".selfattn-livemodel-grid canvas", "(c) => c.getAttribute('aria-label')")
+        assert f"rows the {T} prompt characters" in label, label
+    finally:
+        context.close()
+    assert record["blocked"] == [] and record["errors"] == [], record
+
+
+def test_page_computes_the_torch_values_past_block_size(browser, site_url, built_html):
+    """Positions >= block_size (RoPE past the training length) in the browser: the page's run() on the
+    panel's long probe (more than block_size characters, written at build time with GPT.forward's logits
+    and the last query rows of every head's weights) equals the torch values within 1e-4."""
+    url, base = _url("http", site_url, built_html)
+    context, tab, record = _open(browser, url, base)
+    try:
+        assert tab.evaluate(READY_JS) == {"ok": True}
+        config = tab.evaluate("() => window.selfattnLive.panels[0].config")
+        V, L, H = len(config["vocab"]), config["n_layers"], config["n_heads"]
+        probe = tab.evaluate("() => window.selfattnLive.long()")
+        assert probe is not None, "the page has no selfattn-livemodel-long block (LivePanel's long probe)"
+        T, row0, rows = probe["T"], probe["row0"], probe["rows"]
+        assert config["block_size"] < T <= config["max_positions"] and len(probe["prompt"]) == T, probe["prompt"]
+        assert row0 + rows == T and row0 >= config["block_size"], (row0, rows)
+        got = tab.evaluate("(p) => window.selfattnLive.run(p)", probe["prompt"])
+        assert got["T"] == T
+        d_logits = _max_diff(np.reshape(got["logits"], (T, V)), np.reshape(probe["logits"], (T, V)))
+        weights = np.reshape(got["weights"], (L, H, T, T))
+        d_weights = _max_diff(weights[:, :, row0:, :], np.reshape(probe["weights"], (L, H, rows, T)))
+        assert d_logits < TOLERANCE and d_weights < TOLERANCE, (T, d_logits, d_weights)
+    finally:
+        context.close()
+    assert record["blocked"] == [] and record["errors"] == [], record

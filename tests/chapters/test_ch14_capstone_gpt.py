@@ -138,6 +138,15 @@ def test_the_live_model_is_the_trained_model(trained):
             greedy = model.generate(ids, 16, greedy=True, use_cache=False)
         assert torch.equal(torch.from_numpy(decode_float32(entry["logits"], tuple(logits.shape))), logits)
         assert entry["greedy"]["text"] == tokenizer.decode(greedy[0, ids.shape[1]:])
+    # The long probe the browser test runs past block_size: GPT.forward's values, which the ONNX file gives too.
+    long = panel.long_payload()
+    T, row0, V = long["T"], long["row0"], tokenizer.vocab_size
+    assert model.config.block_size < T <= panel.max_positions and long["rows"] == T - row0 == 8
+    onnx_logits, onnx_weights = session.run(None, {"input_ids": np.asarray([long["ids"]], dtype=np.int64)})
+    stored_weights = decode_float32(long["weights"], (model.config.n_layers, model.config.n_heads, 8, T))
+    d_logits = float(np.abs(decode_float32(long["logits"], (T, V)) - onnx_logits[0]).max())
+    d_weights = float(np.abs(stored_weights - onnx_weights[:, :, row0:, :]).max())
+    assert d_logits < 1e-4 and d_weights < 1e-4, (T, d_logits, d_weights)  # NaN fails too
 
 
 def test_claim_20_attention_learns_to_address(one_thread):

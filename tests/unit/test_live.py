@@ -166,7 +166,8 @@ def test_panel_html_carries_what_the_page_reads(panel):
     parser.feed(text)
     assert parser.blocks.pop("inline") == "window.selfattnLive && window.selfattnLive.init();"
     blocks = {k: json.loads(v) for k, v in parser.blocks.items()}
-    assert set(blocks) == {"selfattn-livemodel-config", "selfattn-livemodel-onnx", "selfattn-livemodel-expected"}
+    assert set(blocks) == {"selfattn-livemodel-config", "selfattn-livemodel-onnx", "selfattn-livemodel-expected",
+                           "selfattn-livemodel-long"}
     config = blocks["selfattn-livemodel-config"]
     assert config["vocab"] == TOKENIZER.chars and "<" in config["vocab"]  # "</script>" in the corpus: escaped
     assert (config["block_size"], config["n_layers"], config["n_heads"], config["max_positions"]) == (12, 2, 3, 48)
@@ -196,3 +197,57 @@ def test_panel_html_carries_what_the_page_reads(panel):
 def test_decode_float32_checks_the_size():
     with pytest.raises(ValueError, match=r"shape \(2, 2\) needs 16"):
         decode_float32(base64.b64encode(b"\0" * 12).decode(), (2, 2))
+
+
+def test_panel_stores_a_long_probe_past_block_size_with_gpt_forward_values(panel):
+    """The page carries one prompt longer than block_size (the browser test runs it: positions >= block_size
+    were never checked in the browser), with GPT.forward's logits and the last LONG_ROWS query rows of
+    every head's weights, in the format the page's script decodes (selfattnLive.long())."""
+    parser = _Scripts()
+    parser.feed(panel._repr_html_())
+    entry = json.loads(parser.blocks["selfattn-livemodel-long"])
+    # default: the prompts joined by spaces, repeated, cut to min(max_positions 48, 5 * 12 // 2) = 30
+    assert entry["prompt"] == ("The value a class a cl " * 2)[:30]
+    T, rows, V = 30, LivePanel.LONG_ROWS, TOKENIZER.vocab_size
+    assert (entry["T"], entry["row0"], entry["rows"]) == (T, T - rows, rows) and T > 12
+    ids = TOKENIZER.encode(entry["prompt"])[None]
+    assert entry["ids"] == ids[0].tolist()
+    with torch.no_grad():
+        logits, weights = panel.model(ids, return_weights=True)
+    full = torch.stack([w[0] for w in weights])  # (L, H, T, T)
+    assert _max_diff(decode_float32(entry["logits"], (T, V)), logits[0]) == 0.0
+    stored = decode_float32(entry["weights"], (2, 3, rows, T))
+    assert _max_diff(stored, full[:, :, T - rows:, :]) == 0.0
+    assert np.allclose(stored.sum(-1), 1.0, atol=1e-5)  # real softmax rows
+    diagonal = stored[:, :, np.arange(rows), np.arange(T - rows, T)]  # each stored query reads itself
+    assert diagonal.min() > 0 and stored[:, :, 0, T - rows + 1:].max() == 0.0  # causal: nothing after it
+    # positions >= block_size really are in it, and differ from the first block_size ones (not a copy)
+    assert float(np.abs(stored[:, :, -1, :12]).sum()) > 0
+
+
+def test_long_probe_prompt_is_checked():
+    model = _model()
+    with pytest.raises(ValueError, match=r"long_prompt must be a string of more than block_size=12 and at most "
+                                         r"max_positions=48 characters; got 'The'"):
+        LivePanel(model, TOKENIZER, ["The"], max_new_tokens=4, check_new_tokens=2, long_prompt="The")
+    with pytest.raises(ValueError, match="max_positions=48"):
+        LivePanel(model, TOKENIZER, ["The"], max_new_tokens=4, check_new_tokens=2, long_prompt="a" * 49)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        LivePanel(model, TOKENIZER, ["The"], max_new_tokens=4, check_new_tokens=2, long_prompt="Zebra" * 4)
+    panel = LivePanel(model, TOKENIZER, ["The"], max_new_tokens=4, check_new_tokens=2, long_prompt="a class " * 5)
+    assert panel.long_payload()["T"] == 40 and panel.long_payload()["prompt"] == "a class " * 5
+
+
+def test_long_probe_keeps_the_capstone_page_small():
+    """The capstone's sizes (block_size 64, max_positions 256: a 160-character probe) add about 0.14 MB
+    to the page (vocabulary 94: 136 kB measured), far inside its 3 MB budget (1.42 MB before): the
+    weights are the last 8 query rows only (all 160 would be 1.1 MB as base64)."""
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=TOKENIZER.vocab_size, block_size=64, d_model=32, n_heads=4, n_layers=2, d_ff=64,
+                       positions="rope")
+    panel = LivePanel(GPT(config).eval(), TOKENIZER, ["The value of "], max_new_tokens=8, check_new_tokens=2)
+    payload = json.dumps(panel.long_payload())
+    assert panel.long_payload()["T"] == 160
+    data = 4 * (160 * TOKENIZER.vocab_size + 2 * 4 * 8 * 160)  # float32 logits (T, V) + weights (L, H, 8, T)
+    assert len(payload) < data * 4 / 3 + 3000, (len(payload), data)  # base64 + the ids and the prompt
+    assert len(payload) < 120_000, len(payload)
