@@ -25,7 +25,9 @@ Introduced in chapter 14 (the live model on the capstone page).
 from __future__ import annotations
 
 import base64
+import copy
 import html
+import inspect
 import io
 import json
 import math
@@ -158,8 +160,6 @@ def export_onnx(model, path=None, *, max_positions: int | None = None, dynamo: b
 
     Source: chapter 14.
     """
-    import copy
-
     if not isinstance(dynamo, bool):
         raise TypeError(f"dynamo must be a bool; got {dynamo!r}")
     _require_gpt(model)
@@ -179,7 +179,9 @@ def export_onnx(model, path=None, *, max_positions: int | None = None, dynamo: b
                 # here (about 1 s against 7-11 s for dynamo=True on this model, 2 CPU cores)
                 warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.onnx.*")
                 warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
-                torch.onnx.export(twin, (example,), buffer, dynamo=False, opset_version=OPSET,
+                # torch >= 2.9 exports with dynamo unless told not to; torch < 2.5 has no such argument
+                legacy = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
+                torch.onnx.export(twin, (example,), buffer, **legacy, opset_version=OPSET,
                                   dynamic_axes={"input_ids": {1: "T"}, "logits": {1: "T"},
                                                 "weights": {2: "T", 3: "T"}}, **names)
     data = buffer.getvalue()
@@ -188,6 +190,14 @@ def export_onnx(model, path=None, *, max_positions: int | None = None, dynamo: b
 
         Path(path).write_bytes(data)
     return data
+
+
+def _require_in_vocabulary(tokenizer, name: str, text: str) -> None:
+    """ValueError naming the argument, its text and the characters outside the tokenizer's vocabulary."""
+    try:
+        tokenizer.encode(text)
+    except ValueError as err:
+        raise ValueError(f"{name} = {text!r}: {err}") from err
 
 
 def _b64_float32(x) -> str:
@@ -239,7 +249,9 @@ class LivePanel:
 
     Attributes:
         onnx: the exported bytes. expected: the per-prompt values (numpy arrays). long: the long
-        probe's values (numpy arrays; ``weights`` the last ``LONG_ROWS`` query rows).
+        probe's values (numpy arrays; ``weights`` the last ``LONG_ROWS`` query rows). Both are computed
+        by the model in float32, the precision of the export the page runs (a float64, float16 or
+        bfloat16 model is copied to float32 for them; the model passed in is not changed).
 
     Raises:
         TypeError / ValueError: a model or tokenizer of the wrong type, vocabularies of different
@@ -266,7 +278,7 @@ class LivePanel:
             if not isinstance(p, str) or not 1 <= len(p) <= config.block_size:
                 raise ValueError(f"prompts[{i}] must be a string of 1 to block_size={config.block_size} "
                                  f"characters; got {p!r}")
-            tokenizer.encode(p)  # raises ValueError naming characters outside the vocabulary
+            _require_in_vocabulary(tokenizer, f"prompts[{i}]", p)
         self.max_positions = 4 * config.block_size if max_positions is None else require_positive_int(
             "max_positions", max_positions)
         n_new = require_positive_int("max_new_tokens", max_new_tokens)
@@ -283,9 +295,12 @@ class LivePanel:
         if not isinstance(long_prompt, str) or not config.block_size < len(long_prompt) <= self.max_positions:
             raise ValueError(f"long_prompt must be a string of more than block_size={config.block_size} and at most "
                              f"max_positions={self.max_positions} characters; got {long_prompt!r}")
-        tokenizer.encode(long_prompt)  # raises ValueError naming characters outside the vocabulary
+        _require_in_vocabulary(tokenizer, "long_prompt", long_prompt)
         self.model, self.tokenizer, self.prompts = model, tokenizer, list(prompts)
         self.max_new_tokens, self.check_new_tokens = n_new, n_check
+        # The page runs the export in float32, so the stored values are the float32 model's: a model in
+        # another dtype (bfloat16 rounds logits by ~1e-2 and can change a greedy character) is copied first.
+        self._reference = model if model.lm_head.weight.dtype == torch.float32 else copy.deepcopy(model).float()
         self.onnx = export_onnx(model, max_positions=self.max_positions)
         self.expected = [self._expected(p) for p in self.prompts]
         self.long = self._long(long_prompt)
@@ -294,7 +309,7 @@ class LivePanel:
 
     @torch.no_grad()
     def _long(self, prompt: str) -> dict:
-        model = self.model
+        model = self._reference  # the float32 model: what the page computes
         device = next(model.parameters()).device
         ids = self.tokenizer.encode(prompt)[None].to(device)  # (1, T), T > block_size
         was_training = model.training
@@ -315,7 +330,7 @@ class LivePanel:
 
     @torch.no_grad()
     def _expected(self, prompt: str) -> dict:
-        model = self.model
+        model = self._reference  # the float32 model: what the page computes
         device = next(model.parameters()).device
         ids = self.tokenizer.encode(prompt)[None].to(device)  # (1, T)
         was_training = model.training

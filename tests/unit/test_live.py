@@ -127,8 +127,8 @@ def test_panel_refuses_bad_input():
         LivePanel(model, TOKENIZER, ["The", ""])
     with pytest.raises(ValueError, match="block_size=12"):
         LivePanel(model, TOKENIZER, ["The value of an"])
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        LivePanel(model, TOKENIZER, ["Zebra"])
+    with pytest.raises(ValueError, match=r"prompts\[1\] = 'Zebra': .*outside the vocabulary"):
+        LivePanel(model, TOKENIZER, ["The", "Zebra"])
     with pytest.raises(ValueError, match="check_new_tokens"):
         LivePanel(model, TOKENIZER, ["The"], max_new_tokens=4, check_new_tokens=5)
     with pytest.raises(ValueError, match="max_new_tokens"):
@@ -251,3 +251,22 @@ def test_long_probe_keeps_the_capstone_page_small():
     data = 4 * (160 * TOKENIZER.vocab_size + 2 * 4 * 8 * 160)  # float32 logits (T, V) + weights (L, H, 8, T)
     assert len(payload) < data * 4 / 3 + 3000, (len(payload), data)  # base64 + the ids and the prompt
     assert len(payload) < 120_000, len(payload)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_panel_stores_the_float32_values_the_page_computes_for_a_model_in_another_dtype(dtype):
+    """The page runs the export in float32; a bfloat16 model's own logits differ from that by ~1e-2 and
+    can change a greedy character (found by the new-user review: the stored greedy text did not match
+    the page's). The stored values must be the float32 model's, and the model passed in stays as it was."""
+    model = _model(dtype=dtype)
+    panel = LivePanel(model, TOKENIZER, ["The value", "a class"], max_new_tokens=12, check_new_tokens=12)
+    assert model.lm_head.weight.dtype == dtype
+    reference = _model(dtype=dtype).float()  # the same numbers, rounded to dtype, then widened
+    for entry in panel.expected:
+        ids = torch.tensor(entry["ids"])[None]
+        with torch.no_grad():
+            logits, weights = reference(ids, return_weights=True)
+            greedy = reference.generate(ids, 12, greedy=True)
+        assert _max_diff(entry["logits"], logits[0]) == 0.0
+        assert _max_diff(entry["weights"], torch.stack([w[0] for w in weights])) == 0.0
+        assert entry["greedy"] == TOKENIZER.decode(greedy[0, ids.shape[1]:])
