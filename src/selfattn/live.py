@@ -308,16 +308,27 @@ class LivePanel:
     LONG_ROWS = 8  # query rows of the long probe's weights stored in the page
 
     @torch.no_grad()
-    def _long(self, prompt: str) -> dict:
-        model = self._reference  # the float32 model: what the page computes
+    def _reference_run(self, prompt: str, n_greedy: int = 0):
+        """``prompt`` through the float32 reference (what the page computes), in eval mode, its mode
+        restored after: ``(ids (1, T), logits (1, T, V), weights L x (1, H, T, T), greedy text or None)``."""
+        model = self._reference
         device = next(model.parameters()).device
-        ids = self.tokenizer.encode(prompt)[None].to(device)  # (1, T), T > block_size
+        ids = self.tokenizer.encode(prompt)[None].to(device)  # (1, T)
         was_training = model.training
         model.eval()
-        logits, weights = model(ids, return_weights=True)  # (1, T, V), L x (1, H, T, T)
-        model.train(was_training)
-        T = ids.shape[1]
-        row0 = max(0, T - self.LONG_ROWS)
+        try:
+            logits, weights = model(ids, return_weights=True)
+            greedy = None
+            if n_greedy:
+                out = model.generate(ids, n_greedy, greedy=True)  # (1, T + n)
+                greedy = self.tokenizer.decode(out[0, ids.shape[1]:].cpu())
+        finally:
+            model.train(was_training)
+        return ids, logits, weights, greedy
+
+    def _long(self, prompt: str) -> dict:
+        ids, logits, weights, _ = self._reference_run(prompt)  # T > block_size
+        row0 = max(0, ids.shape[1] - self.LONG_ROWS)
         return {"prompt": prompt, "ids": ids[0].tolist(), "row0": row0,
                 "logits": logits[0].float().cpu().numpy(),  # (T, V)
                 "weights": torch.stack([w[0, :, row0:, :] for w in weights]).float().cpu().numpy()}  # (L, H, rows, T)
@@ -328,19 +339,10 @@ class LivePanel:
                 "rows": len(e["ids"]) - e["row0"], "logits": _b64_float32(e["logits"]),
                 "weights": _b64_float32(e["weights"])}
 
-    @torch.no_grad()
     def _expected(self, prompt: str) -> dict:
-        model = self._reference  # the float32 model: what the page computes
-        device = next(model.parameters()).device
-        ids = self.tokenizer.encode(prompt)[None].to(device)  # (1, T)
-        was_training = model.training
-        model.eval()
-        logits, weights = model(ids, return_weights=True)  # (1, T, V), L x (1, H, T, T)
-        out = model.generate(ids, self.check_new_tokens, greedy=True)  # (1, T + n)
-        model.train(was_training)
+        ids, logits, weights, greedy = self._reference_run(prompt, self.check_new_tokens)
         return {"prompt": prompt, "ids": ids[0].tolist(), "logits": logits[0].float().cpu().numpy(),
-                "weights": torch.stack([w[0] for w in weights]).float().cpu().numpy(),
-                "greedy": self.tokenizer.decode(out[0, ids.shape[1]:].cpu())}
+                "weights": torch.stack([w[0] for w in weights]).float().cpu().numpy(), "greedy": greedy}
 
     def config_payload(self) -> dict:
         c = self.model.config
