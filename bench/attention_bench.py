@@ -3,6 +3,7 @@
     python bench/attention_bench.py            # full run (~10-15 min on 2 cores), writes bench/results/
     python bench/attention_bench.py --quick    # T = 256, 512 only, prints the tables (< 1 min)
     python bench/attention_bench.py --sweep    # tiled block sizes against SDPA at T=4096 (prints only)
+    python bench/attention_bench.py --window-sweep  # the sliding window's block sizes, forward and backward
 
 Implementations (B=1, H=8, d_head=64, float32, CPU, forward pass under ``torch.no_grad``):
 
@@ -61,7 +62,12 @@ from selfattn.efficient import (
     tiled_attention,
 )
 from selfattn.efficient.memory import peak_rss_bytes
-from selfattn.efficient.tiled import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
+from selfattn.efficient.tiled import (
+    DEFAULT_BLOCK_K,
+    DEFAULT_BLOCK_Q,
+    WINDOW_BACKWARD_BLOCK_Q,
+    WINDOW_BLOCK_Q,
+)
 
 B, H, D_HEAD = 1, 8, 64
 IMPLS = ("naive", "sdpa", "tiled", "numpy")
@@ -338,6 +344,51 @@ def sweep(repeats: int, T: int = 4096):
     print(f"\n1-minute load average {os.getloadavg()[0]:.1f} at the end")
 
 
+WINDOW_SWEEP_BLOCKS = (16, 32, 64, 128)
+
+
+def window_sweep(repeats: int):
+    """Print the sliding window's (w=WINDOW, causal, T=WINDOW_T) time at each query block size of
+    WINDOW_SWEEP_BLOCKS: the forward (band kernel) with ``block_q`` = b, and forward plus backward with
+    the forward at WINDOW_BLOCK_Q and the backward at ``backward_block_q`` = b; each as a ratio to the
+    defaults, all interleaved in one run. The measurement behind WINDOW_BLOCK_Q and
+    WINDOW_BACKWARD_BLOCK_Q."""
+    print(f"# Sliding-window block sweep, w={WINDOW}, causal, T={WINDOW_T} (B={B}, H={H}, d_head={D_HEAD}); "
+          f"{cpu_name()}, vector ISA: {vector_isa()}; {torch.get_num_threads()} threads; "
+          f"1-minute load average {os.getloadavg()[0]:.1f} at start\n")
+    g = torch.Generator().manual_seed(0)
+    q, k, v, d_out = (torch.randn(B, H, WINDOW_T, D_HEAD, generator=g) for _ in range(4))
+    tq, tk, tv = (x.clone().requires_grad_() for x in (q, k, v))
+
+    def forward(b):
+        return lambda: sliding_window_tiled_attention(q, k, v, WINDOW, causal=True, block_q=b)
+
+    def train(b):
+        def step():
+            sliding_window_tiled_attention(tq, tk, tv, WINDOW, causal=True, backward_block_q=b).backward(d_out)
+            tq.grad = tk.grad = tv.grad = None
+        return step
+
+    best = {}
+    for what, make, grad in (("forward", forward, False), ("train", train, True)):
+        fns = {b: make(b) for b in WINDOW_SWEEP_BLOCKS}
+        with torch.set_grad_enabled(grad):
+            best.update({(what, b): _timed(fn) for b, fn in fns.items()})
+            for _ in range(repeats):
+                for b, fn in fns.items():
+                    best[(what, b)] = min(best[(what, b)], _timed(fn))
+        _note_load()
+        print(f"  swept window {what}", file=sys.stderr, flush=True)
+    print(f"| block_q | forward (block_q) ms | / default ({WINDOW_BLOCK_Q}) | forward+backward (backward_block_q) ms "
+          f"| / default ({WINDOW_BACKWARD_BLOCK_Q}) |")
+    print("|---:|---:|---:|---:|---:|")
+    for b in WINDOW_SWEEP_BLOCKS:
+        f, t = best[("forward", b)], best[("train", b)]
+        print(f"| {b} | {1e3 * f:.1f} | {f / best[('forward', WINDOW_BLOCK_Q)]:.2f} | {1e3 * t:.1f} "
+              f"| {t / best[('train', WINDOW_BACKWARD_BLOCK_Q)]:.2f} |")
+    print(f"\n1-minute load average {os.getloadavg()[0]:.1f} at the end, {max(LOADS, default=0.0):.1f} at most")
+
+
 def _train_blocks(q, k, v, d_out, causal, blocks):
     def step():
         tiled_attention(q, k, v, causal=causal, block_q=blocks[0], block_k=blocks[1]).backward(d_out)
@@ -569,6 +620,8 @@ def main(argv=None):
                         help="markdown file to write (default for a full run: bench/results/cpu-<date>.md)")
     parser.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--sweep", action="store_true", help="tiled block sizes against SDPA at T=4096; prints only")
+    parser.add_argument("--window-sweep", action="store_true",
+                        help="the sliding window's forward and backward block sizes (w=256, T=8192); prints only")
     parser.add_argument("--sizes", type=int, nargs="*", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--train-sizes", type=int, nargs="*", default=(), help=argparse.SUPPRESS)
     parser.add_argument("--budget", type=int, default=None, help=argparse.SUPPRESS)
@@ -579,6 +632,9 @@ def main(argv=None):
         return
     if args.sweep:
         sweep(repeats=3)
+        return
+    if args.window_sweep:
+        window_sweep(repeats=5)
         return
 
     torch.manual_seed(0)

@@ -17,7 +17,13 @@ from selfattn.efficient import (
     sliding_window_tiled_attention,
 )
 from selfattn.efficient import tiled as tiled_module
-from selfattn.efficient.tiled import WINDOW_BLOCK_K, WINDOW_BLOCK_Q, Visibility, band_fits_one_tile
+from selfattn.efficient.tiled import (
+    WINDOW_BACKWARD_BLOCK_Q,
+    WINDOW_BLOCK_K,
+    WINDOW_BLOCK_Q,
+    Visibility,
+    band_fits_one_tile,
+)
 
 
 @pytest.fixture
@@ -220,8 +226,46 @@ def test_as_accurate_as_torch_sdpa_with_the_same_mask(band, dtype, magnitude, ca
     ({"window": 3, "block_q": 0}, ValueError, "block_q must be > 0"),
     ({"window": 3, "block_k": -1}, ValueError, "block_k must be > 0"),
     ({"window": 3, "block_q": 4.0}, TypeError, "block_q"),
+    ({"window": 3, "backward_block_q": 0}, ValueError, "backward_block_q must be > 0"),
+    ({"window": 3, "backward_block_q": None}, TypeError, "backward_block_q"),
 ])
 def test_bad_window_or_block_sizes_are_refused_by_name(kwargs, error, match):
     q, k, v = _qkv(10)
     with pytest.raises(error, match=match):
         sliding_window_tiled_attention(q, k, v, **kwargs)
+
+
+@pytest.fixture
+def backward_blocks(monkeypatch):
+    """Records the (block_q, block_k) of each call of the torch backward loop."""
+    calls = []
+    real = tiled_module.tiled_backward_torch
+
+    def recording(q, k, v, out, lse2, d_out, vis, scale, block_q, block_k, **kw):
+        calls.append((block_q, block_k))
+        return real(q, k, v, out, lse2, d_out, vis, scale, block_q, block_k, **kw)
+
+    monkeypatch.setattr(tiled_module, "tiled_backward_torch", recording)
+    return calls
+
+
+def test_the_backward_runs_its_own_block_size_with_the_same_gradients(band, backward_blocks):
+    """The band kernel is fastest at 32-row blocks and the recomputing backward at 64
+    (bench/attention_bench.py --window-sweep), so the backward takes ``backward_block_q``; the
+    gradients are those of the dense band whatever it is."""
+    assert (WINDOW_BLOCK_Q, WINDOW_BACKWARD_BLOCK_Q) == (32, 64)
+    q, k, v = _qkv(150, B=1, H=2, seed=3)
+    out = sliding_window_tiled_attention(q, k, v, 20)
+    grads, d_out = _grads(out, (q, k, v))
+    assert band == ["band"] and backward_blocks == [(WINDOW_BACKWARD_BLOCK_Q, WINDOW_BLOCK_K)], \
+        "forward by the band kernel at 32 rows, backward at 64"
+    dense_grads, _ = _grads(sliding_window_attention(q, k, v, 20), (q, k, v))
+    for backward_block_q in (1, 7, 150, 1000):
+        backward_blocks.clear()
+        out = sliding_window_tiled_attention(q, k, v, 20, block_q=16, backward_block_q=backward_block_q)
+        got_grads, _ = _grads(out, (q, k, v))
+        assert backward_blocks == [(backward_block_q, WINDOW_BLOCK_K)]
+        for name, got, want in zip("qkv", got_grads, dense_grads, strict=True):
+            torch.testing.assert_close(got, want, atol=1e-12, rtol=0, msg=f"d{name}, backward_block_q={backward_block_q}")
+    for name, got, want in zip("qkv", grads, dense_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=0, msg=f"d{name} with the default blocks")

@@ -41,7 +41,7 @@ from ..masks import evaluate_mask_mod
 from . import head_groups
 
 __all__ = ["Visibility", "tiled_attention", "mask_mod_tile_kinds", "TILE_EMPTY", "TILE_PARTIAL", "TILE_FULL", "pick_forward", "DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_K",
-           "WINDOW_BLOCK_Q", "WINDOW_BLOCK_K"]
+           "WINDOW_BLOCK_Q", "WINDOW_BACKWARD_BLOCK_Q", "WINDOW_BLOCK_K"]
 
 # Large enough that the Python loop and the per-tile elementwise passes cost little next to the matrix
 # products on a CPU (measured by bench/attention_bench.py --sweep: on a 2-core AMD EPYC with AVX-512,
@@ -55,9 +55,13 @@ DEFAULT_BLOCK_K = 512
 # 288 scores a row for 256 visible, 64-row blocks 320, 128-row blocks 384), and key blocks long enough
 # that the band is one tile, so that the band kernel (_window_band_forward_base2) applies; the buffers
 # are sized by the band, not by block_k. Measured by bench/attention_bench.py (w=256, T=8192): in the
-# forward, 32 beat 16, 64 and 128 (one thread: 34 ms for 4 heads against 37.5 at 64); the backward,
-# which takes the same blocks, was faster at 64 (157 ms against 190 ms at 32 and 161 at 128).
+# forward, 32 beat 16, 64 and 128 (one thread: 34 ms for 4 heads against 37.5 at 64). The backward (the
+# general recomputing loop, no band kernel) has its own block size, WINDOW_BACKWARD_BLOCK_Q, measured by
+# bench/attention_bench.py --window-sweep (2-core AMD EPYC, AVX-512, load under 1, three runs): forward
+# plus backward with the backward at 64 rows took 133-142 ms, at 32 rows 1.00-1.12 times as long, at
+# 128 rows 1.04-1.12 and at 16 rows 1.27-1.40; the forward at 32 rows 34 ms, 1.05-1.07 times that at 64.
 WINDOW_BLOCK_Q = 32
+WINDOW_BACKWARD_BLOCK_Q = 64
 WINDOW_BLOCK_K = 1 << 16
 _HALF = (torch.float16, torch.bfloat16)
 # Scores are kept in base 2 (s log2 e: the queries are scaled by scale * log2 e) so that the tiles use exp2,
@@ -813,8 +817,10 @@ class _TiledAttentionFunction(torch.autograd.Function):
     given; a score_bias is called again per tile): linear in length."""
 
     @staticmethod
-    def forward(ctx, q, k, v, vis, scale, block_q, block_k, bias=None, score_bias=None):
-        # bias: a tensor (an input of the graph, so that it can get a gradient); score_bias: a _CallableBias
+    def forward(ctx, q, k, v, vis, scale, block_q, block_k, bias=None, score_bias=None, backward_block_q=None):
+        # bias: a tensor (an input of the graph, so that it can get a gradient); score_bias: a _CallableBias;
+        # backward_block_q: the query rows per tile of the torch backward (None: block_q), which has its
+        # own best size (the window's band kernel is fastest at 32-row blocks, its backward at 64)
         T, S = q.shape[-2], k.shape[-2]
         tile_bias = _TensorBias(bias, q.shape[:-2], T, S) if bias is not None else score_bias
         # the Triton kernel has no bias: a biased call always takes the torch loop
@@ -838,7 +844,8 @@ class _TiledAttentionFunction(torch.autograd.Function):
             else:  # the Triton backward takes the kernel's natural-log lse as it is: no conversion
                 m2, log2_l = lse.clone(), None  # a copy: the caller may change the returned lse in place
         ctx.save_for_backward(q, k, v, out, m2, log2_l, bias)
-        ctx.vis, ctx.scale, ctx.blocks, ctx.score_bias = vis, scale, (block_q, block_k), score_bias
+        ctx.vis, ctx.scale, ctx.score_bias = vis, scale, score_bias
+        ctx.blocks = (block_q if backward_block_q is None else backward_block_q, block_k)
         ctx.backward_kernel = backward
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -849,19 +856,19 @@ class _TiledAttentionFunction(torch.autograd.Function):
         q, k, v, out, m2, log2_l, bias = ctx.saved_tensors
         if ctx.backward_kernel is not tiled_backward_torch:  # the Triton kernels; m2 holds the natural-log lse
             dq, dk, dv = ctx.backward_kernel(q, k, v, out, m2, d_out, ctx.vis, ctx.scale, *ctx.blocks)
-            return dq, dk, dv, None, None, None, None, None, None
+            return dq, dk, dv, None, None, None, None, None, None, None
         n_groups = _head_groups(q, ctx.vis, bias if bias is not None else ctx.score_bias)
         if n_groups > 1:
             dq, dk, dv = _backward_by_head_groups(q, k, v, out, m2, log2_l, d_out, ctx.vis, ctx.scale,
                                                   *ctx.blocks, n_groups)
-            return dq, dk, dv, None, None, None, None, None, None
+            return dq, dk, dv, None, None, None, None, None, None, None
         needs_bias_grad = bias is not None and ctx.needs_input_grad[7]
         tile_bias = (_TensorBias(bias, q.shape[:-2], q.shape[-2], k.shape[-2], needs_grad=needs_bias_grad,
                                  work=_work_dtype(q.dtype)) if bias is not None else ctx.score_bias)
         dq, dk, dv = tiled_backward_torch(q, k, v, out, (m2, log2_l), d_out, ctx.vis, ctx.scale, *ctx.blocks,
                                           bias=tile_bias)
         d_bias = tile_bias.grad_of_input() if needs_bias_grad else None
-        return dq, dk, dv, None, None, None, None, d_bias, None
+        return dq, dk, dv, None, None, None, None, d_bias, None, None
 
 
 def _head_groups(q, vis: Visibility, bias) -> int:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from .._validate import require_attention_tensors, require_flag, require_positive_int, shape_of
 from ..attention import _seen_matmul, scaled_dot_product_attention
 from .tiled import (
+    WINDOW_BACKWARD_BLOCK_Q,
     WINDOW_BLOCK_K,
     WINDOW_BLOCK_Q,
     Visibility,
@@ -88,7 +89,7 @@ def sliding_window_attention(q, k, v, window: int, causal: bool = True, *, scale
 
 def sliding_window_tiled_attention(q, k, v, window: int, causal: bool = True, *,
                                    scale: float | None = None, block_q: int = WINDOW_BLOCK_Q,
-                                   block_k: int = WINDOW_BLOCK_K):
+                                   block_k: int = WINDOW_BLOCK_K, backward_block_q: int = WINDOW_BACKWARD_BLOCK_Q):
     """The same result as :func:`sliding_window_attention`, computed by tiles that skip every block
     outside the band: work and memory O(T * window) instead of O(T^2).
 
@@ -101,13 +102,18 @@ def sliding_window_tiled_attention(q, k, v, window: int, causal: bool = True, *,
     Args:
         q, k, v: (..., T, Dh), (..., T, Dh), (..., T, Dv); float32, float64, float16 or bfloat16.
         window, causal: as :func:`sliding_window_attention`.
-        block_q, block_k: query rows and key columns per tile, positive ints.
+        block_q, block_k: query rows and key columns per tile of the forward, positive ints.
+        backward_block_q: query rows per tile of the backward (the recomputing loop of
+            :func:`selfattn.efficient.tiled_attention`, whose best size differs from the band
+            kernel's; measured by ``bench/attention_bench.py --window-sweep``), a positive int. The
+            gradients are the same to rounding whatever the block sizes.
 
     Returns:
         ``context`` (..., T, Dv); differentiable (recomputation backward).
 
     Raises:
-        TypeError / ValueError: ``window``, ``block_q`` or ``block_k`` not a positive int; T != S;
+        TypeError / ValueError: ``window``, ``block_q``, ``block_k`` or ``backward_block_q`` not a
+        positive int; T != S;
         and the errors of ``tiled_attention``.
 
     Source: chapter 09; the tiles are those of :func:`selfattn.efficient.tiled_attention`.
@@ -116,8 +122,9 @@ def sliding_window_tiled_attention(q, k, v, window: int, causal: bool = True, *,
     _require_self_attention(q, k, "sliding_window_tiled_attention")
     window = require_positive_int("window", window)
     block_q, block_k = require_positive_int("block_q", block_q), require_positive_int("block_k", block_k)
+    backward_block_q = require_positive_int("backward_block_q", backward_block_q)
     vis = Visibility(causal_offset=0 if require_flag("causal", causal) else None, window=window)
-    out, _ = _TiledAttentionFunction.apply(q, k, v, vis, scale, block_q, block_k)
+    out, _ = _TiledAttentionFunction.apply(q, k, v, vis, scale, block_q, block_k, None, None, backward_block_q)
     return out
 
 
