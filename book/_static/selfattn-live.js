@@ -138,8 +138,10 @@
   /* The sampling controls' text -> {greedy, temperature, top_k, top_p}, or {error} naming the control,
      the value and the valid range: never a silently different value. Temperature 0 means greedy (the
      limit of sampling as the temperature goes to 0). As selfattn.sampling: temperature >= 0 (finite),
-     top-k a positive integer (0 or empty here: every token), top-p in (0, 1]. */
+     top-k a positive integer (0 or empty here: every token), top-p in (0, 1]. In greedy mode the three
+     boxes are disabled and not read. */
   function parseOptions(mode, temperature, topk, topp) {
+    if (mode === "greedy") return { greedy: true, temperature: null, top_k: null, top_p: null }; // the boxes are off
     const bad = (control, value, range) => ({ error: `${control} ${JSON.stringify(String(value))} is not valid: ` +
       `expected ${range}.` });
     const t = String(temperature).trim(), k = String(topk).trim(), p = String(topp).trim();
@@ -168,6 +170,12 @@
     let u = Math.random() * total;
     for (let i = 0; i < e.length; i++) { u -= e[i]; if (u < 0 && e[i] > 0) return i; }
     return firstMax(scaled); // rounding left u >= 0: the most probable kept token
+  }
+
+  const READOUT_HINT = "Point at (or tap) a square to read which character reads which, and with what weight.";
+
+  function plural(n, noun) {
+    return `${n} ${noun}${n === 1 ? "" : "s"}`;
   }
 
   // --- colour: Viridis, as the book's heatmaps -----------------------------------------------------
@@ -211,6 +219,7 @@
       this.outPrompt = q("selfattn-livemodel-out-prompt");
       this.outNew = q("selfattn-livemodel-out-new");
       this.grid = q("selfattn-livemodel-grid");
+      this.readout = q("selfattn-livemodel-readout");
       this.session = null;
       this.queue = Promise.resolve();
       this.serial = 0;
@@ -239,6 +248,8 @@
       this.say("Loading the model in your browser…");
       const update = () => this.schedule();
       this.input.addEventListener("input", update);
+      this.mode.addEventListener("change", () => this.syncSampling());
+      this.syncSampling();
       for (const el of [this.mode, this.temperature, this.topk, this.topp, this.nNew]) el.addEventListener("change", update);
       this.again.addEventListener("click", () => this.safeUpdate());
       this.running = this.update();
@@ -246,6 +257,12 @@
         this.say("The live model could not start: " + err.message, true);
         readyResolve({ ok: false, reason: String(err) });
       });
+    }
+
+    /* The temperature, top-k and top-p boxes take part only when sampling. */
+    syncSampling() {
+      const greedy = this.mode.value === "greedy";
+      for (const el of [this.temperature, this.topk, this.topp]) el.disabled = greedy;
     }
 
     disable() {
@@ -327,6 +344,7 @@
     /* Nothing drawn for an earlier prompt stays on show once a prompt or a setting is refused. */
     clear() {
       this.grid.textContent = "";
+      this.readout.textContent = "";
       this.outPrompt.textContent = "";
       this.outNew.textContent = "";
       this.shown = null;
@@ -343,6 +361,12 @@
       const text = this.input.value;
       if (!text.length) {
         this.refuse("Type a prompt to run the model.");
+        return;
+      }
+      const length = [...text].length, limit = this.config.max_prompt;
+      if (length > limit) { // refused, never cut silently (a pasted text would otherwise lose its end)
+        this.refuse(`Cannot run this prompt: it has ${length} characters; the panel takes at most ${limit}, ` +
+          "the length the model was trained at.");
         return;
       }
       let ids;
@@ -379,7 +403,7 @@
       this.outNew.textContent = next.map((i) => this.config.vocab[i]).join("");
       this.say(`Continuation (${opts.greedy ? (this.mode.value === "greedy" ? "greedy" : "greedy: temperature 0") : `sampled at temperature ${opts.temperature}` +
         (opts.top_k ? `, top-k ${opts.top_k}` : "") + (opts.top_p ? `, top-p ${opts.top_p}` : "")}), ` +
-        `then the weights of the ${T} prompt characters in every layer and head.`);
+        `then the weights of the ${plural(T, "prompt character")} in every layer and head.`);
       if (timings.first_result === null) timings.first_result = performance.now();
     }
 
@@ -414,16 +438,35 @@
           const prevShare = T > 1 ? onPrevious / (T - 1) : 0;
           const last = chars.length - 1;
           canvas.setAttribute("role", "img");
-          canvas.setAttribute("aria-label", `Layer ${l + 1}, head ${h + 1}: attention weights, rows the ${T} ` +
-            `prompt characters that ask, columns the characters they read; mean weight on the previous ` +
+          canvas.setAttribute("aria-label", `Layer ${l + 1}, head ${h + 1}: attention weights, rows the ` +
+            `${plural(T, "prompt character")} that ask, columns the characters they read; mean weight on the previous ` +
             `character ${prevShare.toFixed(2)}; the last character "${chars[last]}" reads "${chars[reads[last]]}" most.`);
           const caption = document.createElement("figcaption");
           caption.textContent = `Layer ${l + 1} · head ${h + 1} — previous char. ${prevShare.toFixed(2)}; ` +
             `“${shown(chars[last])}” reads “${shown(chars[reads[last]])}”`;
           figure.append(canvas, caption);
           this.grid.append(figure);
+          const read = (event) => this.readCell(canvas, event, l, h, base, T, chars, weights);
+          canvas.addEventListener("pointermove", read);
+          canvas.addEventListener("pointerdown", read); // a tap on a touch screen
+          canvas.addEventListener("pointerleave", () => { this.readout.textContent = READOUT_HINT; });
         }
       }
+      this.readout.textContent = READOUT_HINT;
+    }
+
+    /* The cell under the pointer -> the readout line: which character reads which, and the weight. */
+    readCell(canvas, event, l, h, base, T, chars, weights) {
+      const box = canvas.getBoundingClientRect();
+      const side = canvas.clientWidth || box.width; // the drawing, inside the border
+      const x = event.clientX - box.left - canvas.clientLeft, y = event.clientY - box.top - canvas.clientTop;
+      const t = Math.floor((y / side) * T), s = Math.floor((x / side) * T);
+      if (t < 0 || s < 0 || t >= T || s >= T) return;
+      const shown = (ch) => (ch === " " ? "␣" : ch);
+      const who = `Layer ${l + 1} · head ${h + 1}: “${shown(chars[t])}” (character ${t + 1})`;
+      this.readout.textContent = s > t
+        ? `${who} may not read “${shown(chars[s])}” (character ${s + 1}): it comes later (causal mask), weight 0.`
+        : `${who} reads “${shown(chars[s])}” (character ${s + 1}) with weight ${weights[base + t * T + s].toFixed(3)}.`;
     }
   }
 

@@ -367,7 +367,7 @@ class LivePanel:
 {_json_script("selfattn-livemodel-long", self.long_payload())}
 <div class="selfattn-livemodel-controls">
 <label class="selfattn-livemodel-prompt">Prompt (at most {c.block_size} characters)
-<input type="text" id="selfattn-livemodel-{uid}-prompt" maxlength="{c.block_size}" value="{esc(self.prompts[0])}" autocomplete="off" spellcheck="false"></label>
+<input type="text" id="selfattn-livemodel-{uid}-prompt" value="{esc(self.prompts[0])}" autocomplete="off" spellcheck="false"></label>
 <label>Decoding <select class="selfattn-livemodel-mode"><option value="greedy" selected>greedy</option><option value="sample">sample</option></select></label>
 <label>Temperature <input type="number" class="selfattn-livemodel-temperature" min="0" step="0.05" value="0.8" title="0: greedy"></label>
 <label>Top-k <input type="number" class="selfattn-livemodel-topk" min="0" max="{c.vocab_size}" step="1" value="0" title="0: every token"></label>
@@ -378,6 +378,7 @@ class LivePanel:
 <p class="selfattn-livemodel-status" role="status" aria-live="polite">This panel runs the model in the book's web page (WebAssembly). In a notebook, run the model in the cells above instead.</p>
 <p class="selfattn-livemodel-output" aria-live="polite"><span class="selfattn-livemodel-out-prompt"></span><mark class="selfattn-livemodel-out-new"></mark></p>
 <div class="selfattn-livemodel-grid" role="group" aria-label="Attention weights of every layer and head for the prompt"></div>
+<p class="selfattn-livemodel-readout"></p>
 <p class="selfattn-livemodel-legend">Each square: one head's weights for the prompt. Row t is the character that asks, column s the character it reads (s &le; t, causal); colour from 0 (dark purple) to 1 (yellow), Viridis. The continuation is underlined after the prompt.</p>
 <script>window.selfattnLive && window.selfattnLive.init();</script>
 </div>"""

@@ -14,7 +14,9 @@ local web server and from ``file://`` and check that:
 - the sampling controls are read as typed (temperature 0 is greedy, top-k 1 the argmax); a value out of
   range stops generation with a message naming the control, the value and the range; a refused prompt
   clears the old heatmaps and continuation; after fast typing the heatmaps drawn are the last prompt's;
-  non-finite logits are an error, not token 0;
+  non-finite logits are an error, not token 0; greedy decoding turns the sampling boxes off and does not
+  read them; a prompt past the box's limit is refused with its length, never cut;
+- pointing at a square of a heatmap reads out the two characters and the weight the model computed;
 - every first visit reaches a first result (heatmaps and continuation drawn); the time to it, from the
   panel's start (scrolled into view) and from navigation (a link to the section), is measured and
   written to ``test-artifacts/live_load.json`` against issue 17's 2 s target, not asserted (a timing
@@ -26,6 +28,7 @@ local web server and from ``file://`` and check that:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -60,6 +63,21 @@ def _open(browser, url: str, base: str, **options):
     tab.on("pageerror", lambda e: record["errors"].append(str(e)))
     tab.goto(url, wait_until="load", timeout=30000)
     return context, tab, record
+
+
+@contextlib.contextmanager
+def _ready_panel(browser, site_url, built_html, **options):
+    """The capstone page over http, its panel started and idle; on leaving, no other host was asked for
+    anything and the console had no error."""
+    url, base = _url("http", site_url, built_html)
+    context, tab, record = _open(browser, url, base, **options)
+    try:
+        assert tab.evaluate(READY_JS) == {"ok": True}
+        tab.evaluate("() => window.selfattnLive.idle()")
+        yield tab
+    finally:
+        context.close()
+    assert record["blocked"] == [] and record["errors"] == [], record
 
 
 def _max_diff(got, expected) -> float:
@@ -201,19 +219,29 @@ def test_keyboard_reaches_the_prompt_and_typing_updates_the_heads_at_390_px(brow
     try:
         assert tab.evaluate(READY_JS) == {"ok": True}
         tab.wait_for_function("() => window.selfattnLive.timings.first_result !== null", timeout=20000)
-        # From the panel's start, Tab reaches the prompt box, then every control, each with a label.
-        tab.eval_on_selector(".selfattn-livemodel", "(el) => { el.tabIndex = -1; el.focus(); }")
-        reached = []
-        for _ in range(7):
-            tab.keyboard.press("Tab")
-            reached.append(tab.evaluate("""() => { const a = document.activeElement;
-                return {cls: a.className || a.type, label: (a.closest('label') || a).textContent.trim().slice(0, 30),
-                        outline: getComputedStyle(a).outlineStyle}; }"""))
-        assert reached[0]["cls"] == "text" and reached[0]["label"].startswith("Prompt"), reached[0]
-        assert [r["cls"] for r in reached[1:]] == ["selfattn-livemodel-mode", "selfattn-livemodel-temperature",
-                                                  "selfattn-livemodel-topk", "selfattn-livemodel-topp",
-                                                  "selfattn-livemodel-new", "selfattn-livemodel-again"], reached
-        assert all(r["label"] for r in reached) and all(r["outline"] != "none" for r in reached), reached
+        # From the panel's start, Tab reaches the prompt box, then every control, each with a label; in
+        # greedy mode (the default) the sampling boxes are off and skipped, after switching to sampling
+        # (by keyboard) they are reached too.
+        def tab_through(presses):
+            tab.eval_on_selector(".selfattn-livemodel", "(el) => { el.tabIndex = -1; el.focus(); }")
+            reached = []
+            for _ in range(presses):
+                tab.keyboard.press("Tab")
+                reached.append(tab.evaluate("""() => { const a = document.activeElement;
+                    return {cls: a.className || a.type, label: (a.closest('label') || a).textContent.trim().slice(0, 30),
+                            outline: getComputedStyle(a).outlineStyle}; }"""))
+            assert reached[0]["cls"] == "text" and reached[0]["label"].startswith("Prompt"), reached[0]
+            assert all(r["label"] for r in reached) and all(r["outline"] != "none" for r in reached), reached
+            return [r["cls"] for r in reached[1:]]
+
+        assert tab_through(4) == ["selfattn-livemodel-mode", "selfattn-livemodel-new", "selfattn-livemodel-again"]
+        tab.focus(".selfattn-livemodel-mode")
+        tab.keyboard.press("ArrowDown")  # greedy -> sample
+        tab.evaluate("() => window.selfattnLive.idle()")
+        assert tab.eval_on_selector(".selfattn-livemodel-mode", "e => e.value") == "sample"
+        assert tab_through(7) == ["selfattn-livemodel-mode", "selfattn-livemodel-temperature",
+                                  "selfattn-livemodel-topk", "selfattn-livemodel-topp",
+                                  "selfattn-livemodel-new", "selfattn-livemodel-again"]
         # Typing in the prompt box (keyboard only) redraws the heatmaps for the longer prompt.
         tab.eval_on_selector(".selfattn-livemodel-prompt input", "(el) => el.focus()")
         before = tab.eval_on_selector(".selfattn-livemodel-grid canvas", "(c) => c.getAttribute('aria-label')")
@@ -323,11 +351,7 @@ def test_sampling_controls_are_read_as_typed_not_replaced(browser, site_url, bui
     """Temperature 0 is greedy (it was read as 1); top-k 1 keeps only the argmax; a temperature, top-k or
     top-p outside its range stops generation with a message naming the control, the value and the range
     (top-p 0 used to keep every token, temperature -1 became 0.05)."""
-    url, base = _url("http", site_url, built_html)
-    context, tab, record = _open(browser, url, base)
-    try:
-        assert tab.evaluate(READY_JS) == {"ok": True}
-        tab.evaluate("() => window.selfattnLive.idle()")
+    with _ready_panel(browser, site_url, built_html) as tab:
         first = tab.evaluate("() => window.selfattnLive.expected()")[0]
         n, greedy = first["greedy"]["n_new"], first["greedy"]["text"]
         assert len(greedy) == n > 0
@@ -357,9 +381,6 @@ def test_sampling_controls_are_read_as_typed_not_replaced(browser, site_url, bui
         assert shown["continuation"] == greedy and not shown["problem"], shown
         parsed = tab.evaluate("() => window.selfattnLive.parseOptions('sample', '0.5', '3', '0.9')")
         assert parsed == {"greedy": False, "temperature": 0.5, "top_k": 3, "top_p": 0.9}, parsed
-    finally:
-        context.close()
-    assert record["blocked"] == [] and record["errors"] == [], record
 
 
 def test_non_finite_logits_are_an_error_not_token_0(browser, site_url, built_html):
@@ -379,11 +400,7 @@ def test_non_finite_logits_are_an_error_not_token_0(browser, site_url, built_htm
 
 
 def test_refused_prompt_clears_the_old_result_and_the_last_prompt_typed_is_drawn(browser, site_url, built_html):
-    url, base = _url("http", site_url, built_html)
-    context, tab, record = _open(browser, url, base)
-    try:
-        assert tab.evaluate(READY_JS) == {"ok": True}
-        tab.evaluate("() => window.selfattnLive.idle()")
+    with _ready_panel(browser, site_url, built_html) as tab:
         config = tab.evaluate("() => window.selfattnLive.panels[0].config")
         L, H = config["n_layers"], config["n_heads"]
         assert _panel_text(tab)["heads"] == L * H
@@ -418,9 +435,6 @@ def test_refused_prompt_clears_the_old_result_and_the_last_prompt_typed_is_drawn
         assert len(shown["continuation"]) == int(tab.eval_on_selector(".selfattn-livemodel-new", "e => e.value")), shown
         label = tab.eval_on_selector(".selfattn-livemodel-grid canvas", "(c) => c.getAttribute('aria-label')")
         assert f"rows the {T} prompt characters" in label, label
-    finally:
-        context.close()
-    assert record["blocked"] == [] and record["errors"] == [], record
 
 
 def test_page_computes_the_torch_values_past_block_size(browser, site_url, built_html):
@@ -447,3 +461,82 @@ def test_page_computes_the_torch_values_past_block_size(browser, site_url, built
     finally:
         context.close()
     assert record["blocked"] == [] and record["errors"] == [], record
+
+
+def test_greedy_mode_turns_the_sampling_boxes_off_and_does_not_read_them(browser, site_url, built_html):
+    """Greedy decoding ignores temperature, top-k and top-p: their boxes are disabled (and a value left
+    in them out of range does not stop greedy generation); back to sampling they are on and read again."""
+    boxes_off = """() => ['temperature', 'topk', 'topp'].map((c) =>
+        document.querySelector('.selfattn-livemodel-' + c).disabled)"""
+    with _ready_panel(browser, site_url, built_html) as tab:
+        first = tab.evaluate("() => window.selfattnLive.expected()")[0]
+        n, greedy = first["greedy"]["n_new"], first["greedy"]["text"]
+        assert tab.evaluate(boxes_off) == [True, True, True], "greedy is the default: the boxes start off"
+        _set_controls(tab, {"prompt": first["prompt"], "new": str(n), "temperature": "-1", "topp": "0"})
+        shown = _panel_text(tab)
+        assert shown["continuation"] == greedy and not shown["problem"] and "(greedy)" in shown["status"], shown
+        _set_controls(tab, {"mode": "sample"})
+        assert tab.evaluate(boxes_off) == [False, False, False]
+        shown = _panel_text(tab)
+        assert shown["problem"] and 'Temperature "-1" is not valid' in shown["status"], shown
+        _set_controls(tab, {"mode": "greedy"})
+        assert tab.evaluate(boxes_off) == [True, True, True]
+        assert _panel_text(tab)["continuation"] == greedy
+        assert tab.evaluate("() => window.selfattnLive.parseOptions('greedy', '-1', 'x', '7')") == {
+            "greedy": True, "temperature": None, "top_k": None, "top_p": None}
+
+
+def test_a_prompt_past_the_limit_is_refused_not_cut(browser, site_url, built_html):
+    """A pasted prompt longer than the box's limit (block_size characters) is refused with its length and
+    the limit; it used to be cut silently by the box. At the limit it runs; one character is singular."""
+    with _ready_panel(browser, site_url, built_html) as tab:
+        limit = tab.evaluate("() => window.selfattnLive.panels[0].config.max_prompt")
+        assert limit == 64
+        text = ("the value of a class " * 4)[: limit + 6]
+        tab.locator(".selfattn-livemodel-prompt input").fill(text)  # as a paste: one input event
+        tab.evaluate("() => window.selfattnLive.idle()")
+        assert tab.eval_on_selector(".selfattn-livemodel-prompt input", "e => e.value") == text, "nothing cut"
+        shown = _panel_text(tab)
+        assert shown["problem"] and f"it has {limit + 6} characters" in shown["status"], shown
+        assert f"at most {limit}" in shown["status"] and shown["heads"] == 0 and shown["continuation"] == "", shown
+        _set_controls(tab, {"prompt": text[:limit]})
+        shown = _panel_text(tab)
+        assert not shown["problem"] and shown["heads"] == 8 and shown["prompt"] == text[:limit], shown
+        _set_controls(tab, {"prompt": "T"})
+        shown = _panel_text(tab)
+        assert "the weights of the 1 prompt character in every" in shown["status"], shown
+        label = tab.eval_on_selector(".selfattn-livemodel-grid canvas", "(c) => c.getAttribute('aria-label')")
+        assert "rows the 1 prompt character that ask" in label, label
+
+
+def test_pointing_at_a_square_reads_its_characters_and_weight(browser, site_url, built_html):
+    """The heatmaps' readout: the pointer over row t, column s of a head's square names the character
+    that asks, the one it reads and the weight the model computed (shown() holds the drawn weights);
+    above the diagonal it says the causal mask hides the pair."""
+    with _ready_panel(browser, site_url, built_html) as tab:
+        prompt = "the object"
+        _set_controls(tab, {"prompt": prompt})
+        drawn = tab.evaluate("() => window.selfattnLive.shown()")
+        config = tab.evaluate("() => window.selfattnLive.panels[0].config")
+        L, H, T = config["n_layers"], config["n_heads"], len(prompt)
+        weights = np.reshape(drawn["weights"], (L, H, T, T))
+        readout = ".selfattn-livemodel-readout"
+        assert "Point at" in tab.eval_on_selector(readout, "e => e.textContent")
+        canvases = tab.locator(".selfattn-livemodel-grid canvas")
+        for index, t, s in [(0, 9, 8), (5, 4, 0), (7, 9, 9), (2, 0, 0)]:
+            l, h = divmod(index, H)
+            canvas = canvases.nth(index)
+            canvas.scroll_into_view_if_needed()
+            box = canvas.bounding_box()
+            side = box["width"] - 2  # the 1 px border on each side
+            tab.mouse.move(box["x"] + 1 + (s + 0.5) * side / T, box["y"] + 1 + (t + 0.5) * side / T)
+            text = tab.eval_on_selector(readout, "e => e.textContent")
+            ask, read = prompt[t].replace(" ", "␣"), prompt[s].replace(" ", "␣")
+            assert text == (f"Layer {l + 1} · head {h + 1}: “{ask}” (character {t + 1}) reads “{read}” "
+                            f"(character {s + 1}) with weight {weights[l, h, t, s]:.3f}."), (index, t, s, text)
+        box = canvases.nth(1).bounding_box()
+        tab.mouse.move(box["x"] + 1 + 6.5 * (box["width"] - 2) / T, box["y"] + 1 + 2.5 * (box["width"] - 2) / T)
+        text = tab.eval_on_selector(readout, "e => e.textContent")
+        assert "“e” (character 3) may not read “j” (character 7)" in text and "causal mask" in text, text
+        tab.mouse.move(box["x"] - 40, box["y"] - 40)
+        assert "Point at" in tab.eval_on_selector(readout, "e => e.textContent")

@@ -184,12 +184,14 @@ def test_panel_html_carries_what_the_page_reads(panel):
         assert _max_diff(decode_float32(entry["logits"], (T, TOKENIZER.vocab_size)), logits[0]) == 0.0
         assert _max_diff(decode_float32(entry["weights"], (2, 3, T, T)), torch.stack([w[0, :] for w in weights])) == 0.0
         assert entry["greedy"] == {"n_new": 9, "text": TOKENIZER.decode(greedy[0, T:])}
-    # The controls the script reads, each labelled; the prompt box limited to block_size characters.
+    # The controls the script reads, each labelled; the prompt box has no maxlength (a pasted prompt past
+    # max_prompt is refused by the script with a message, never cut by the box); the heatmaps' readout.
     kinds = {a.get("class", a.get("type")) for _tag, a in parser.controls}
     assert {"selfattn-livemodel-mode", "selfattn-livemodel-temperature", "selfattn-livemodel-topk",
             "selfattn-livemodel-topp", "selfattn-livemodel-new", "selfattn-livemodel-again", "text"} <= kinds
     prompt_box = next(a for tag, a in parser.controls if a.get("type") == "text")
-    assert prompt_box["maxlength"] == "12" and prompt_box["value"] == "The value"
+    assert "maxlength" not in prompt_box and prompt_box["value"] == "The value"
+    assert 'Prompt (at most 12 characters)' in text and '<p class="selfattn-livemodel-readout"></p>' in text
     assert text.count("<label") == 6 and 'class="selfattn-livemodel"' in text
     assert panel._repr_mimebundle_()["text/html"].startswith('<div class="selfattn-livemodel"')
 
