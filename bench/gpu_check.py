@@ -5,15 +5,20 @@
 Runs, for B=1, H=16, d_head=128 (bfloat16), T = 1024 ... max-T, causal and not:
 PyTorch SDPA with each backend forced (flash, efficient, cuDNN, math), the tiled torch path
 (``tiled_forward_torch``) and the Triton kernel (``triton_forward``). Each output is compared with a
-float32 reference (the tiled torch path in float32, exact by the test suite), and timed with CUDA
-events (median of repeats); throughput is reported in TFLOP/s against the measured bfloat16
-matrix-multiply peak of the same GPU. A second table does the same for the backward pass (dq, dk,
+float32 reference (the tiled torch path in float32, exact by the test suite): its error is
+max |out - reference| / max |reference| (relative, as the backward's: the outputs shrink as T grows,
+to about 0.05 at T=32768, so an absolute bound would loosen with T), "ok" below 2e-2 (bfloat16 rounds
+at 2^-8 = 3.9e-3 relative); and timed with CUDA events (median of repeats); throughput is reported in
+TFLOP/s against the measured bfloat16 matrix-multiply peak of the same GPU. A second table does the same for the backward pass (dq, dk,
 dv for a random output gradient): SDPA's backward with each backend, the Triton backward
 (``triton_backward``) and ``tiled_attention`` under autograd (which runs the Triton forward and
 backward on CUDA), against float32 reference gradients (``tiled_backward_torch`` in float32); its
 error is the largest of max |grad - reference| / max |reference| over dq, dk and dv, and its
 throughput counts 2.5 times the forward's FLOPs (five matrix products for the forward's two).
-Configurations a backend refuses, or that run out of memory, are reported as such. On a machine
+A third table runs the Triton kernels in float32 (IEEE products, the precision ``tiled_attention``
+picks for float32 on CUDA, at the 128-row forward tiles and d_head=128 whose registers and shared
+memory the interpreter of the test suite does not model) against a float64 reference, forward and
+backward, "ok" below 1e-4 relative. Configurations a backend refuses, or that run out of memory, are reported as such. On a machine
 without a CUDA GPU it says so and exits (status 0): the CPU path is measured by
 ``bench/attention_bench.py``.
 """
@@ -124,14 +129,85 @@ def _backward_implementations(causal: bool, vis):
     }
 
 
-def _reference_gradients(q, k, v, d_out, vis):
-    """float32 reference ``(dq, dk, dv)``: the tiled torch forward and backward in float32."""
+def _reference_gradients(q, k, v, d_out, vis, dtype=torch.float32):
+    """Reference ``(dq, dk, dv)`` in ``dtype`` (float32 or float64): the tiled torch forward and backward."""
     from selfattn.efficient.tiled import tiled_backward_torch, tiled_forward_torch
 
-    q, k, v, d_out = (x.float() for x in (q, k, v, d_out))
+    q, k, v, d_out = (x.to(dtype) for x in (q, k, v, d_out))
     out, lse = tiled_forward_torch(q, k, v, vis, 1 / math.sqrt(D_HEAD), 2048, 2048)
     # the torch backward takes the base-2 log-sum-exp, lse * log2 e
     return tiled_backward_torch(q, k, v, out, lse / math.log(2.0), d_out, vis, 1 / math.sqrt(D_HEAD), 2048, 2048)
+
+
+def _relative_error(got, want) -> float:
+    """max |got - want| / max |want|, in float64."""
+    want = want.detach().double()
+    return float((got.detach().double() - want).abs().max() / want.abs().max())
+
+
+FLOAT32_TOLERANCE = 1e-4  # relative; float32 rounds at 6e-8, the sums over T and d_head add a few hundred roundings
+
+
+def float32_rows(sizes=(1024, 4096), repeats: int = 5, device: str = "cuda", timer=None) -> list[str]:
+    """The float32 table: the Triton forward and backward kernels and ``tiled_attention`` under autograd
+    in float32 (B, H, T, D_HEAD) against float64 references, causal and not, at each T of ``sizes``.
+    ``device`` and ``timer`` (``timer(fn, repeats) -> seconds``, default CUDA events) let the test suite
+    run it on the CPU under ``TRITON_INTERPRET=1``."""
+    lines = ["", "## float32 (IEEE products), Triton kernels against a float64 reference", "",
+             f"Error: max |out - reference| / max |reference| (backward: the largest over dq, dk, dv); "
+             f"ok below {FLOAT32_TOLERANCE:g}. TFLOP/s: useful FLOPs (backward 2.5 times the forward's) per second.", "",
+             "| T | causal | implementation | ms | TFLOP/s | max rel. error | status |",
+             "|---:|:---:|:---|---:|---:|---:|:---|"]
+    for T in sizes:
+        g = torch.Generator(device=device).manual_seed(T)
+        q, k, v, d_out = (torch.randn(B, H, T, D_HEAD, device=device, generator=g) for _ in range(4))
+        for causal in (False, True):
+            lines += _float32_case(q, k, v, d_out, causal, repeats, timer or _cuda_time)
+            print(f"  float32 T={T} causal={causal} done", file=sys.stderr, flush=True)
+    return lines
+
+
+def _float32_case(q, k, v, d_out, causal: bool, repeats: int, timer) -> list[str]:
+    from selfattn.efficient.tiled import tiled_attention, tiled_forward_torch
+    from selfattn.efficient.triton_kernel import triton_backward, triton_forward
+
+    T, scale = q.shape[-2], 1 / math.sqrt(D_HEAD)
+    _, vis = _implementations(causal)
+    want_out = tiled_forward_torch(q.double(), k.double(), v.double(), vis, scale, 1024, 1024)[0]
+    want_grads = _reference_gradients(q, k, v, d_out, vis, torch.float64)
+    flops = 4 * B * H * D_HEAD * (T * (T + 1) / 2 if causal else T * T)
+    leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
+
+    def forward():
+        return triton_forward(q, k, v, vis, scale, 128, 64)
+
+    out, lse = forward()
+
+    def backward():
+        return triton_backward(q, k, v, out, lse, d_out, vis, scale, 64, 64)
+
+    def autograd_step():  # the wiring: Triton forward and backward inside tiled_attention on CUDA
+        result = tiled_attention(*leaves, causal=causal, block_q=128, block_k=64)
+        return (result, *torch.autograd.grad(result, leaves, d_out))
+
+    def worst(got, want):
+        return max(_relative_error(a, b) for a, b in zip(got, want, strict=True))
+
+    lines = []
+    for name, fn, error_of, work in [
+            ("triton forward", forward, lambda result: _relative_error(result[0], want_out), 1.0),
+            ("triton backward", backward, lambda grads: worst(grads, want_grads), 2.5),
+            ("tiled_attention (autograd), forward+backward", autograd_step,
+             lambda result: worst(result, (want_out, *want_grads)), 3.5)]:
+        try:
+            error = error_of(fn())
+            seconds = timer(fn, repeats)
+            lines.append(f"| {T} | {'yes' if causal else 'no'} | {name} | {seconds * 1e3:.2f} "
+                         f"| {work * flops / seconds / 1e12:.1f} | {error:.2e} "
+                         f"| {'ok' if error < FLOAT32_TOLERANCE else 'INACCURATE'} |")
+        except _REFUSALS as err:
+            lines.append(_failed_row(T, causal, name, err, blanks=3))
+    return lines
 
 
 def _row(T: int, causal: bool, name: str, seconds: float, flops: float, peak: float, error: float,
@@ -141,9 +217,10 @@ def _row(T: int, causal: bool, name: str, seconds: float, flops: float, peak: fl
             f"| {100 * tflops / peak:.0f}% | {error:.2e} | {status} |")
 
 
-def _failed_row(T: int, causal: bool, name: str, err: Exception) -> str:
+def _failed_row(T: int, causal: bool, name: str, err: Exception, blanks: int = 4) -> str:
+    """A row for a configuration refused or out of memory: ``blanks`` empty number columns, then the reason."""
     reason = str(err).splitlines()[0][:80].replace("|", "/") if str(err) else type(err).__name__
-    return f"| {T} | {'yes' if causal else 'no'} | {name} | - | - | - | - | {reason} |"
+    return f"| {T} | {'yes' if causal else 'no'} | {name} | {'- | ' * blanks}{reason} |"
 
 
 def main(argv=None) -> int:
@@ -162,7 +239,7 @@ def main(argv=None) -> int:
     peak = _bf16_matmul_tflops()
     lines = [f"# Attention on {device_name}, bfloat16 ({dt.date.today().isoformat()})", "",
              f"torch {torch.__version__}; measured bfloat16 matmul peak {peak:.0f} TFLOP/s. "
-             f"B={B}, H={H}, d_head={D_HEAD}. Error: max |out - float32 reference|. Time: median of "
+             f"B={B}, H={H}, d_head={D_HEAD}. Error: max |out - float32 reference| / max |reference|. Time: median of "
              f"{args.repeats} runs (CUDA events).", "",
              "| T | causal | implementation | ms | TFLOP/s | % of matmul peak | max error | status |",
              "|---:|:---:|:---|---:|---:|---:|---:|:---|"]
@@ -181,7 +258,7 @@ def main(argv=None) -> int:
             flops = 4 * B * H * D_HEAD * (T * (T + 1) / 2 if causal else T * T)
             for name, fn in impls.items():
                 try:
-                    error = float((fn(q, k, v).float() - reference).abs().max())
+                    error = _relative_error(fn(q, k, v), reference)
                     seconds = _cuda_time(lambda fn=fn, q=q, k=k, v=v: fn(q, k, v), args.repeats)
                     lines.append(_row(T, causal, name, seconds, flops, peak, error,
                                       "ok" if error < 2e-2 else "INACCURATE"))
@@ -196,8 +273,7 @@ def main(argv=None) -> int:
                     backward = prepare(q, k, v, d_out)
                     grads = backward()
                     # relative to the largest reference gradient: dk and dv shrink as T grows
-                    error = max(float((got.float() - want).abs().max() / want.abs().max())
-                                for got, want in zip(grads, reference_grads, strict=True))
+                    error = max(_relative_error(got, want) for got, want in zip(grads, reference_grads, strict=True))
                     del grads
                     seconds = _cuda_time(backward, args.repeats)
                     backward_lines.append(_row(T, causal, name, seconds, 2.5 * flops, peak, error,
@@ -209,7 +285,7 @@ def main(argv=None) -> int:
             del reference_grads, d_out
             print(f"  T={T} causal={causal} done", file=sys.stderr, flush=True)
         T *= 2
-    table = "\n".join(lines + backward_lines) + "\n"
+    table = "\n".join(lines + backward_lines + float32_rows(repeats=args.repeats)) + "\n"
     print(table)
     slug = "".join(c if c.isalnum() else "-" for c in device_name).strip("-").lower()
     out = args.out or RESULTS / f"gpu-{dt.date.today().isoformat()}-{slug}.md"

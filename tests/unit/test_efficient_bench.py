@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from selfattn.device import cpu_cache_sizes
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "attention_bench.py"
 
 
@@ -79,3 +81,31 @@ def test_head_groups_table_has_both_passes_and_both_masks():
     assert len(groups) == 12 and all(t > 0 and t == t for t in groups.values())
     rows = [line for line in bench.render_head_groups(groups, 2) if line.startswith("| forward")]
     assert len(rows) == 4 and rows[0].startswith("| forward | no |") and rows[3].startswith("| forward+backward | yes |")
+
+
+def test_bench_header_names_the_processor_generation_and_its_caches(monkeypatch, tmp_path):
+    """"AMD EPYC" alone names no machine class: the header adds the vendor's family, model and stepping
+    (from /proc/cpuinfo's first processor) and the data caches a core sees (sysfs), here from a fake
+    sysfs; the instruction cache is left out."""
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import bench_machine
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    for index, (level, kind, size) in enumerate([("1", "Data", "48K"), ("1", "Instruction", "32K"),
+                                                 ("2", "Unified", "1024K"), ("3", "Unified", "32768K")]):
+        folder = tmp_path / f"index{index}"
+        folder.mkdir()
+        for name, text in (("level", level), ("type", kind), ("size", size)):
+            (folder / name).write_text(text + "\n")
+    monkeypatch.setattr(bench_machine, "cpu_cache_sizes", lambda: cpu_cache_sizes(str(tmp_path)))
+    name = bench_machine.cpu_name()
+    assert "L1d 48 KiB, L2 1 MiB, L3 32 MiB;" in name and "L1i" not in name, name
+    assert name.endswith(" cores)"), name
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists() and "cpu family" in cpuinfo.read_text():
+        first = cpuinfo.read_text().split("\n\n")[0]
+        field = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first.splitlines())}
+        assert name.startswith(field["model name"] + " (")
+        assert (f"{field['vendor_id']} family {field['cpu family']} model {field['model']} "
+                f"stepping {field['stepping']};") in name, name

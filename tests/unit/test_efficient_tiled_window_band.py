@@ -257,14 +257,15 @@ def test_the_backward_runs_its_own_block_size_with_the_same_gradients(band, back
     q, k, v = _qkv(150, B=1, H=2, seed=3)
     out = sliding_window_tiled_attention(q, k, v, 20)
     grads, d_out = _grads(out, (q, k, v))
-    assert band == ["band"] and backward_blocks == [(WINDOW_BACKWARD_BLOCK_Q, WINDOW_BLOCK_K)], \
+    # sets: with 2 threads the two heads are two head groups, one call of each kernel per group
+    assert set(band) == {"band"} and set(backward_blocks) == {(WINDOW_BACKWARD_BLOCK_Q, WINDOW_BLOCK_K)}, \
         "forward by the band kernel at 32 rows, backward at 64"
     dense_grads, _ = _grads(sliding_window_attention(q, k, v, 20), (q, k, v))
     for backward_block_q in (1, 7, 150, 1000):
         backward_blocks.clear()
         out = sliding_window_tiled_attention(q, k, v, 20, block_q=16, backward_block_q=backward_block_q)
         got_grads, _ = _grads(out, (q, k, v))
-        assert backward_blocks == [(backward_block_q, WINDOW_BLOCK_K)]
+        assert set(backward_blocks) == {(backward_block_q, WINDOW_BLOCK_K)}
         for name, got, want in zip("qkv", got_grads, dense_grads, strict=True):
             torch.testing.assert_close(got, want, atol=1e-12, rtol=0, msg=f"d{name}, backward_block_q={backward_block_q}")
     for name, got, want in zip("qkv", grads, dense_grads, strict=True):

@@ -479,3 +479,44 @@ def test_triton_kernels_in_interpreter_match_float64_at_gpu_tiles_and_unequal_ti
     assert [c["empty_rows"] for c in report if c["case"][6] == "bottom_right" and c["case"][2] > c["case"][3]] \
         == [39, 10], report
     assert {c["dtype"] for c in report} == {"torch.float32", "torch.bfloat16"}
+
+
+_GPU_CHECK_FLOAT32 = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, sys.argv[1])
+    import torch
+    import gpu_check
+    from selfattn.efficient import triton_kernel
+    gpu_check.H = 2  # d_head stays 128, the size whose tiles the check is for; T = 160: an uneven last tile
+    untimed = lambda fn, repeats: 1e-3
+    good = gpu_check.float32_rows(sizes=(160,), repeats=1, device="cpu", timer=untimed)
+    real = triton_kernel.triton_backward
+    def off(*args, **kwargs):  # a backward 1e-3 off in dK: the check must say INACCURATE
+        dq, dk, dv = real(*args, **kwargs)
+        return dq, dk * 1.001, dv
+    triton_kernel.triton_backward = off
+    bad = gpu_check.float32_rows(sizes=(160,), repeats=1, device="cpu", timer=untimed)
+    print(json.dumps({"good": good, "bad": bad}))
+""")
+
+
+def test_gpu_checks_float32_table_runs_the_kernels_at_d_head_128_and_flags_an_error():
+    """bench/gpu_check.py's float32 table (Triton forward, backward and tiled_attention's wiring against
+    float64, relative error, ok below 1e-4), run through the interpreter on the CPU at d_head = 128:
+    every row ok with errors at float32's level, and a backward made 1e-3 wrong in dK is INACCURATE."""
+    bench = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, "-c", _GPU_CHECK_FLOAT32, bench], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    rows = [r.split("|")[1:-1] for r in result["good"] if r.startswith("| 160 |")]
+    assert [(r[1].strip(), r[2].strip()) for r in rows] == [
+        (c, n) for c in ("no", "yes") for n in ("triton forward", "triton backward",
+                                                "tiled_attention (autograd), forward+backward")]
+    errors = [float(r[5]) for r in rows]
+    assert all(0 < e < 1e-5 for e in errors) and all(r[6].strip() == "ok" for r in rows), rows
+    bad = {(r.split("|")[2].strip(), r.split("|")[3].strip()): r.split("|")[7].strip()
+           for r in result["bad"] if r.startswith("| 160 |")}
+    assert bad[("no", "triton backward")] == bad[("yes", "triton backward")] == "INACCURATE", bad
+    assert bad[("no", "triton forward")] == "ok", bad

@@ -57,9 +57,10 @@ DEFAULT_BLOCK_K = 512
 # are sized by the band, not by block_k. Measured by bench/attention_bench.py (w=256, T=8192): in the
 # forward, 32 beat 16, 64 and 128 (one thread: 34 ms for 4 heads against 37.5 at 64). The backward (the
 # general recomputing loop, no band kernel) has its own block size, WINDOW_BACKWARD_BLOCK_Q, measured by
-# bench/attention_bench.py --window-sweep (2-core AMD EPYC, AVX-512, load under 1, three runs): forward
-# plus backward with the backward at 64 rows took 133-142 ms, at 32 rows 1.00-1.12 times as long, at
-# 128 rows 1.04-1.12 and at 16 rows 1.27-1.40; the forward at 32 rows 34 ms, 1.05-1.07 times that at 64.
+# bench/attention_bench.py --window-sweep (bench/results/window-sweep-cpu-2026-12-02.md; 2-core AMD EPYC,
+# AVX-512, five quiet runs): forward plus backward with the backward at 64 rows took 133-157 ms, at 32
+# rows 1.00-1.18 times as long, at 128 rows 1.04-1.15 and at 16 rows 1.27-1.52; the forward at 32 rows
+# 34-42 ms, 64 rows 1.05-1.07 times as long.
 WINDOW_BLOCK_Q = 32
 WINDOW_BACKWARD_BLOCK_Q = 64
 WINDOW_BLOCK_K = 1 << 16
@@ -652,9 +653,11 @@ def tiled_backward_torch(q, k, v, out, lse2, d_out, vis: Visibility, scale: floa
     is taken as ``(lse2, 0)``. With
     ``P = exp(S - lse)``: ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - rowsum(dO * O))``,
     ``dQ = dS K * scale``, ``dK = dS^T Q * scale``. A query with ``lse = -inf`` (no visible key) has
-    ``P = 0`` and so contributes zero gradients. The scores are recomputed exactly as the torch
-    forward computed them (the same scaled queries, tiles and products: the scores are the
-    forward's bit for bit), and ``P = exp2((s - m2) - log2_l)`` differs from the forward's weights
+    ``P = 0`` and so contributes zero gradients. The scores are recomputed from the same scaled
+    queries as the torch forward's; with the forward's block sizes and the general loop (not the
+    window's band kernel, and no ``backward_block_q`` of its own) the tiles and products are the
+    forward's too, so the scores are the forward's bit for bit; otherwise the products have other
+    shapes and a score may differ in the last bit. ``P = exp2((s - m2) - log2_l)`` differs from the forward's weights
     only by the rounding of the stored ``log2_l`` (``|log2 l| <= log2 S``: about ``log2(S) * 6e-8``
     in float32), not by a rounding at the size of the scores (torch's own CPU flash backward stores
     ``m + log l`` rounded, about ``|lse| * 6e-8``). A NaN or inf stored at a query or key reaches only
