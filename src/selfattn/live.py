@@ -31,6 +31,7 @@ import inspect
 import io
 import json
 import math
+import os
 import uuid
 import warnings
 from collections.abc import Sequence
@@ -101,9 +102,10 @@ class GPTExport(nn.Module):
             cos, sin = rope_cos_sin(range(n), config.d_head, base=scheme.base, interpolation=scheme.interpolation)
         else:  # no positions: a rotation by 0
             cos, sin = torch.ones(n, config.d_head // 2), torch.zeros(n, config.d_head // 2)
-        # computed in float64 as GPT's own rotation, then stored in the model's dtype: the same numbers
-        self.register_buffer("cos", cos.to(dtype), persistent=False)  # (max_positions, Dh/2)
-        self.register_buffer("sin", sin.to(dtype), persistent=False)
+        # computed in float64 as GPT's own rotation, then stored in the model's dtype, on its device: the same numbers
+        device = model.lm_head.weight.device
+        self.register_buffer("cos", cos.to(dtype=dtype, device=device), persistent=False)  # (max_positions, Dh/2)
+        self.register_buffer("sin", sin.to(dtype=dtype, device=device), persistent=False)
 
     def _rotate(self, x, cos, sin):
         """RoPE, 'half' layout: pair i = features (i, i + Dh/2). x (1, H, T, Dh), cos/sin (T, Dh/2)."""
@@ -155,13 +157,16 @@ def export_onnx(model, path=None, *, max_positions: int | None = None, dynamo: b
         ``bytes``, a serialized ONNX ``ModelProto`` (weights inside, no external data).
 
     Raises:
-        TypeError / ValueError: as :class:`GPTExport`; ImportError: ``onnx`` (and, with ``dynamo``,
+        TypeError / ValueError: as :class:`GPTExport`; TypeError: ``path`` neither None, a str nor
+        path-like (checked before exporting); ImportError: ``onnx`` (and, with ``dynamo``,
         ``onnxscript``) not installed.
 
     Source: chapter 14.
     """
     if not isinstance(dynamo, bool):
         raise TypeError(f"dynamo must be a bool; got {dynamo!r}")
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be None, a str or a path-like object; got {type(path).__name__} {path!r}")
     _require_gpt(model)
     twin = GPTExport(copy.deepcopy(model).to(device="cpu", dtype=torch.float32), max_positions).eval()
     example = torch.zeros(1, min(8, twin.max_positions), dtype=torch.int64)

@@ -108,6 +108,19 @@ def test_bad_models_and_sizes_are_refused():
         GPTExport(_model(), max_positions=0)
     with pytest.raises(TypeError, match="dynamo must be a bool"):
         export_onnx(_model(), dynamo="yes")
+    with pytest.raises(TypeError, match=r"path must be None, a str or a path-like object; got int 123"):
+        export_onnx(_model(), path=123)
+
+
+def test_twin_keeps_its_rope_table_on_the_models_device():
+    """The cos/sin table is a buffer on the model's device (it was always made on the CPU, so a model on a
+    GPU failed at its first call); a model on the meta device shows it without a GPU."""
+    model = _model().to("meta")
+    twin = GPTExport(model)
+    assert twin.cos.device.type == twin.sin.device.type == "meta"
+    assert twin.cos.shape == (4 * model.config.block_size, model.config.d_head // 2)
+    logits, weights = twin(torch.zeros(1, 5, dtype=torch.int64, device="meta"))
+    assert logits.shape == (1, 5, TOKENIZER.vocab_size) and weights.shape == (2, 3, 5, 5)
 
 
 @pytest.fixture(scope="module")
