@@ -5,6 +5,8 @@ Kept here (not in the notebooks) so that the chapter and its claim tests run the
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -12,7 +14,8 @@ from .._validate import require_flag, require_positive_int
 from ..attention import scaled_dot_product_attention
 from .variants import linear_attention, sliding_window_attention
 
-__all__ = ["minilm_qkv", "relative_error", "variant_errors", "lookup_task", "target_weight", "fitted_slope"]
+__all__ = ["minilm_qkv", "relative_error", "variant_errors", "lookup_task", "target_weight", "fitted_slope",
+           "compare_times"]
 
 
 def minilm_qkv(n_tokens: int = 128, layer: int = 0):
@@ -100,3 +103,19 @@ def fitted_slope(sizes, values) -> float:
     ``value ~ size^p`` (2 quadratic, 1 linear). Source: chapter 09 (claim 16)."""
     x, y = np.log(np.asarray(sizes, dtype=float)), np.log(np.asarray(values, dtype=float))
     return float(np.polyfit(x, y, 1)[0])
+
+
+def compare_times(time: float, reference: float, *, within: float = 0.15) -> str:
+    """``"less"``, ``"about the same"`` or ``"more"``: how ``time`` compares with ``reference`` (both
+    positive, any one unit), "about the same" when ``time / reference`` lies in
+    ``[1 - within, 1 + within]``. The cases are symmetric, so that a sentence chosen by them is true
+    for whatever numbers a machine measures (chapter 10 compares SDPA's time with the tiled loop's
+    matrix products). Raises ``ValueError`` for a time or reference that is not a positive finite
+    number, or ``within`` outside [0, 1). Source: chapter 10."""
+    for name, value in (("time", time), ("reference", reference)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    if not 0 <= within < 1:
+        raise ValueError(f"within must be in [0, 1), got {within!r}")
+    ratio = time / reference
+    return "less" if ratio < 1 - within else "more" if ratio > 1 + within else "about the same"

@@ -6,8 +6,12 @@ moves Theta(T d + T^2), the tiled algorithm Theta(T^2 d^2 / M). :func:`count_tra
 moves for any torch code, without changing it: a ``TorchDispatchMode`` sees every operation the code
 runs and records, for each tensor argument and result, how many bytes of which storage it reads or
 writes. After the run a storage counts as *slow memory* if it is one of the named inputs, one of the
-results, or larger than ``fast_memory`` bytes (it cannot fit); everything else (tiles, running
-statistics, scalars) is fast memory, and moves within it are free. View operations (slicing, reshaping,
+results, larger than ``fast_memory`` bytes (it cannot fit), or *kept*: a buffer allocated empty and
+then filled in pieces by two or more operations, each byte written once (the rows of a loop's
+results, such as the per-row maxima and sums a tiled loop saves for the backward pass: a kernel
+writes them to slow memory one block of rows at a time, and they grow with the length). Everything
+else (tiles and accumulators that the code writes again, running statistics of the current block,
+scalars) is fast memory, and moves within it are free. View operations (slicing, reshaping,
 transposing) move nothing.
 
 Counting rules, per operation: a tensor argument is *read* (its viewed elements, ``numel *
@@ -32,6 +36,7 @@ _aten = torch.ops.aten
 # Operations that move nothing: allocation without initialisation, and metadata.
 _NO_TRAFFIC = {_aten.empty.memory_format, _aten.empty_strided.default, _aten.empty_like.default,
                _aten.sym_size.int, _aten.sym_stride.int, _aten.sym_numel.default}
+_ALLOCATE = {_aten.empty.memory_format, _aten.empty_strided.default, _aten.empty_like.default}
 _WRITE_ONLY = {_aten.copy_.default, _aten.fill_.Scalar, _aten.fill_.Tensor, _aten.zero_.default}
 
 
@@ -40,7 +45,8 @@ class Traffic:
     """Bytes one computation moved between slow and fast memory, as :func:`count_traffic` counted.
 
     ``read`` and ``written``: bytes per slow storage, keyed by the name the caller gave an input
-    (``"Q"``, ``"K"``, ...), ``"output"`` for a result, or ``"intermediate"`` for any other slow storage
+    (``"Q"``, ``"K"``, ...), ``"output"`` for a result, ``"kept"`` for a buffer filled in pieces, each
+    byte once (a tiled loop's per-row statistics), or ``"intermediate"`` for any other slow storage
     (a tensor larger than the fast memory, such as standard attention's score matrix).
     ``largest_fast``: the largest storage (bytes) that stayed in fast memory. ``peak_working_set``:
     the most fast memory any one operation needed (bytes): every storage small enough for fast memory
@@ -73,6 +79,10 @@ class _TrafficMode(TorchDispatchMode):
         self.operations = 0
         self._fast_live: dict[int, StorageWeakRef] = {}  # storages small enough for fast memory, alive
         self.snapshots: list[tuple[tuple[int, ...], list[tuple[int, int]]]] = []
+        # Buffers allocated empty (and small enough for fast memory): which bytes have been written, and
+        # by how many operations; a buffer written twice at one byte is reused (fast) and drops out.
+        self._filling: dict[int, tuple[torch.Tensor, list[int]]] = {}
+        self._reused: set[int] = set()
 
     def serial(self, t: torch.Tensor) -> int:
         # A data pointer is reused once a storage is freed: a dead or different storage gets a new serial.
@@ -89,6 +99,34 @@ class _TrafficMode(TorchDispatchMode):
 
     def _record(self, t: torch.Tensor, write: bool) -> None:
         self.events.append((self.serial(t), t.numel() * t.element_size(), write))
+
+    def _allocated(self, t: torch.Tensor) -> None:
+        serial = self.serial(t)
+        if self.nbytes[serial] <= self.fast_memory:  # a larger buffer is slow memory anyway
+            self._filling[serial] = (torch.zeros(self.nbytes[serial], dtype=torch.bool), [0])
+
+    def _mark_written(self, written: list[torch.Tensor]) -> None:
+        # The bytes each operation writes into a buffer allocated empty: a byte written a second time
+        # makes it a reused buffer, which stays fast memory.
+        for serial in {self.serial(t) for t in written} & self._filling.keys():
+            bitmap, operations = self._filling[serial]
+            operations[0] += 1
+            for t in (t for t in written if self.serial(t) == serial):
+                size = t.element_size()
+                first = torch.arange(t.untyped_storage().nbytes() // size)
+                elements = first.as_strided(t.shape, t.stride(), t.storage_offset()).reshape(-1)
+                written_bytes = (elements[:, None] * size + torch.arange(size)).reshape(-1)
+                if bitmap[written_bytes].any():
+                    break
+                bitmap[written_bytes] = True
+            else:
+                continue
+            del self._filling[serial]
+            self._reused.add(serial)
+
+    def kept(self) -> set[int]:
+        """Buffers allocated empty and filled in pieces, by two or more operations, each byte once."""
+        return {serial for serial, (_, operations) in self._filling.items() if operations[0] >= 2}
 
     def _working_set(self, operands: list[torch.Tensor]) -> None:
         # What fast memory holds during this operation: every small storage still alive, and the
@@ -116,6 +154,8 @@ class _TrafficMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
+        if func in _ALLOCATE and isinstance(result, torch.Tensor):
+            self._allocated(result)
         if func.is_view or func in _NO_TRAFFIC:
             return result
         # (tensor, role) for each tensor argument, by the schema: "read", "write" (copy_, fill_, out=)
@@ -138,6 +178,7 @@ class _TrafficMode(TorchDispatchMode):
             if role != "read":
                 self._record(t, write=True)
         mutated_storages = {self.serial(t) for t, role in roles if role != "read"}
+        self._mark_written([t for t, role in roles if role != "read"])
         for value in results:
             if self.serial(value) not in mutated_storages:
                 self._record(value, write=True)  # a new result: written once
@@ -151,7 +192,8 @@ def count_traffic(fn, *, fast_memory: int, inputs: dict[str, torch.Tensor]) -> t
     ``fast_memory``: M, the fast-memory size in bytes (> 0). ``inputs``: the tensors ``fn`` reads from
     slow memory, by name (their storages are slow whatever their size). Returns ``(fn's result,
     Traffic)``; every tensor ``fn`` returns is slow memory (``"output"``), as is any storage larger than
-    ``fast_memory``. Counts are exact for the operations run; code outside torch (NumPy) is not seen.
+    ``fast_memory`` and any buffer ``fn`` allocates empty and fills in pieces, each byte once
+    (``"kept"``: a loop's per-row statistics). Counts are exact for the operations run; code outside torch (NumPy) is not seen.
 
     The counts are only an IO model's counts if the computation also *fits* in the fast memory: check
     ``Traffic.peak_working_set <= c * fast_memory`` for the constant ``c`` you allow. (Storages of at
@@ -183,6 +225,8 @@ def count_traffic(fn, *, fast_memory: int, inputs: dict[str, torch.Tensor]) -> t
     for t in tree_flatten(result)[0]:
         if isinstance(t, torch.Tensor):
             named.setdefault(mode.serial(t), "output")
+    for serial in mode.kept():
+        named.setdefault(serial, "kept")
     traffic = Traffic(operations=mode.operations, peak_working_set=mode.working_set_peak(set(named)))
     for serial, nbytes, write in mode.events:
         name = named.get(serial, "intermediate" if mode.nbytes[serial] > fast_memory else None)

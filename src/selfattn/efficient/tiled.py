@@ -835,10 +835,10 @@ class _TiledAttentionFunction(torch.autograd.Function):
                  else _tiled_forward_base2)
         if forward is tiled_forward_torch and n_groups > 1:  # heads split over the CPU's threads
             out, m2, log2_l = _forward_by_head_groups(base2, q, k, v, vis, scale, block_q, block_k, n_groups)
-            lse = (m2 + log2_l) * _LN2
+            lse = _natural_lse(m2, log2_l, block_q)
         elif forward is tiled_forward_torch:  # keep the loop's own base-2 lse: the backward needs it exact
             out, m2, log2_l = base2(q, k, v, vis, scale, block_q, block_k, bias=tile_bias)
-            lse = (m2 + log2_l) * _LN2
+            lse = _natural_lse(m2, log2_l, block_q)
         else:  # the Triton kernel works in natural log
             out, lse = forward(q, k, v, vis, scale, block_q, block_k)
             backward = pick_backward(q, vis)
@@ -872,6 +872,17 @@ class _TiledAttentionFunction(torch.autograd.Function):
                                           bias=tile_bias)
         d_bias = tile_bias.grad_of_input() if needs_bias_grad else None
         return dq, dk, dv, None, None, None, None, d_bias, None, None
+
+
+def _natural_lse(m2, log2_l, block_q: int):
+    """``(m2 + log2_l) * ln 2``, the natural-log lse (..., T), one block of ``block_q`` rows at a time,
+    as a kernel writes its lse (the same numbers as one pass over all rows: the operations are
+    elementwise). Per block, so that the IO model of chapter 10 sees the (..., T) statistics in slow
+    memory one block at a time, not all T rows held at once (:mod:`.io_model`, "kept")."""
+    lse = torch.empty_like(m2)
+    for i0, i1 in _tiles(m2.shape[-1], block_q):
+        torch.mul(m2[..., i0:i1] + log2_l[..., i0:i1], _LN2, out=lse[..., i0:i1])
+    return lse
 
 
 def _head_groups(q, vis: Visibility, bias) -> int:

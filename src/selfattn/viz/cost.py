@@ -197,10 +197,11 @@ def lookup_figure(weights: dict, targets) -> go.Figure:
 
 def traffic_figure(lengths, by_length: dict, memories, by_memory: dict, *, fixed_memory: int,
                    fixed_length: int) -> go.Figure:
-    """Numbers moved between slow and fast memory (the IO model), in two log-log panels: left,
+    """Bytes moved between slow and fast memory (the IO model), in two log-log panels: left,
     against the sequence length T at a fast memory of ``fixed_memory`` bytes (``by_length``: name ->
-    one count per length); right, against the fast-memory size M at ``T = fixed_length``
-    (``by_memory``: name -> one count per size). Each legend entry gives its fitted slope (2:
+    bytes moved at each length); right, against the fast-memory size M in bytes (``memories``) at
+    ``T = fixed_length`` (``by_memory``: name -> bytes moved at each size). Both axes of the right panel
+    are in bytes, so its slope is the same as in numbers. Each legend entry gives its fitted slope (2:
     quadratic in T; -1: inversely proportional to M; 0: independent of M).
 
     Source: chapter 10 (Dao et al. 2022, Theorem 2; claim 34)."""
@@ -215,11 +216,11 @@ def traffic_figure(lengths, by_length: dict, memories, by_memory: dict, *, fixed
                                      line={"color": _COLOURS[i % 6], "dash": _DASHES[i % 6]}), row=1, col=col)
     fig.update_xaxes(type="log", title_text="sequence length T (log scale)", row=1, col=1)
     fig.update_xaxes(type="log", title_text="fast memory M, bytes (log scale)", row=1, col=2)
-    fig.update_yaxes(type="log", title_text="numbers moved (log scale)")
-    fig.update_layout(title="Numbers moved between slow and fast memory, counted", height=470,
+    fig.update_yaxes(type="log", title_text="bytes moved (log scale)")
+    fig.update_layout(title="Bytes moved between slow and fast memory, counted", height=470,
                       template="plotly_white", legend={"orientation": "h", "y": -0.25}, margin={"t": 90})
     names = ", ".join(dict.fromkeys([*by_length, *by_memory]))
-    return describe(fig, "Two log-log panels of the numbers each algorithm moves between slow and fast "
+    return describe(fig, "Two log-log panels of the bytes each algorithm moves between slow and fast "
                          f"memory ({names}): left against the sequence length at a fast memory of "
                          f"{fixed_memory // 1024} KiB, right against the fast-memory size at T = {fixed_length}. "
                          "The legend gives each line's fitted slope.")
@@ -227,15 +228,16 @@ def traffic_figure(lengths, by_length: dict, memories, by_memory: dict, *, fixed
 
 def block_time_figure(blocks, times_ms, *, sdpa_ms: float, tile_bytes, caches: dict) -> go.Figure:
     """Time of the tiled forward pass against its (square) block size, with SDPA's time as a
-    horizontal line and the block sizes where the score tile (``tile_bytes``, one per block) outgrows
-    each cache in ``caches`` (name -> bytes, as :func:`selfattn.device.cpu_cache_sizes` reports).
+    horizontal line and the block sizes where the tile (``tile_bytes``, one per block: what one step
+    of the loop works on for one head, as each head's matrix product works on its own) outgrows each
+    cache in ``caches`` (name -> bytes, as :func:`selfattn.device.cpu_cache_sizes` reports).
 
     Source: chapter 10."""
     blocks, times_ms, tile_bytes = list(blocks), list(times_ms), list(tile_bytes)
     fig = go.Figure(go.Scatter(x=blocks, y=[float(f"{t:.4g}") for t in times_ms], mode="lines+markers",
                                name="tiled attention", line={"color": _COLOURS[0]},
                                customdata=[f"{b / 2**10:,.0f} KiB" for b in tile_bytes],
-                               hovertemplate="block %{x}: %{y} ms, score tile %{customdata}<extra></extra>"))
+                               hovertemplate="block %{x}: %{y} ms, tile per head %{customdata}<extra></extra>"))
     fig.add_trace(go.Scatter(x=[blocks[0], blocks[-1]], y=[float(f"{sdpa_ms:.4g}")] * 2, mode="lines",
                              name="PyTorch SDPA (one fused kernel)", line={"color": _COLOURS[1], "dash": "dash"}))
     marks = []
@@ -251,6 +253,6 @@ def block_time_figure(blocks, times_ms, *, sdpa_ms: float, tile_bytes, caches: d
     fig.update_yaxes(type="log", title_text="time per forward pass, ms (log scale)")
     fig.update_layout(title="Tiled attention: time against block size", height=440, template="plotly_white",
                       legend={"orientation": "h", "y": -0.22})
-    where = "; the score tile outgrows " + ", ".join(marks) if marks else ""
+    where = "; one head's tile outgrows " + ", ".join(marks) if marks else ""
     return describe(fig, f"Log-log plot of the tiled forward pass's time against its block size "
                          f"({blocks[0]} to {blocks[-1]}), with SDPA's time as a dashed line{where}.")
