@@ -168,9 +168,9 @@ def test_the_loops_per_row_statistics_are_slow_memory_so_its_working_set_does_no
                                      fast_memory=M, inputs={"Q": q, "K": k, "V": v})
     assert torch.isfinite(out).all()
     assert traffic.peak_working_set <= 1.5 * M, traffic.peak_working_set / M
-    # and the statistics are charged as traffic: the maxima and the log2-sums written once per row
-    # (2T), read once to form the log-sum-exp (2T), which is written once (T); 4 bytes a number
-    assert traffic.written["kept"] == 4 * 3 * T and traffic.read["kept"] == 4 * 2 * T
+    # and the statistics are charged as traffic: the maxima and the log2-sums written once per row (2T),
+    # 4 bytes a number; nothing reads them again in a forward pass that returns no log-sum-exp
+    assert traffic.written["kept"] == 4 * 2 * T and "kept" not in traffic.read, traffic
 
 
 def test_a_buffer_filled_piece_by_piece_is_slow_memory_and_a_reused_one_is_fast():

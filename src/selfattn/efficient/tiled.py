@@ -820,10 +820,13 @@ class _TiledAttentionFunction(torch.autograd.Function):
     given; a score_bias is called again per tile): linear in length."""
 
     @staticmethod
-    def forward(ctx, q, k, v, vis, scale, block_q, block_k, bias=None, score_bias=None, backward_block_q=None):
+    def forward(ctx, q, k, v, vis, scale, block_q, block_k, bias=None, score_bias=None, backward_block_q=None,
+                with_lse=True):
         # bias: a tensor (an input of the graph, so that it can get a gradient); score_bias: a _CallableBias;
         # backward_block_q: the query rows per tile of the torch backward (None: block_q), which has its
-        # own best size (the window's band kernel is fastest at 32-row blocks, its backward at 64)
+        # own best size (the window's band kernel is fastest at 32-row blocks, its backward at 64);
+        # with_lse: return the natural-log lse, else None (the torch loop then does not form it: the
+        # backward takes the loop's own base-2 parts, and a pass over all T rows is saved)
         T, S = q.shape[-2], k.shape[-2]
         tile_bias = _TensorBias(bias, q.shape[:-2], T, S) if bias is not None else score_bias
         # the Triton kernel has no bias: a biased call always takes the torch loop
@@ -835,10 +838,10 @@ class _TiledAttentionFunction(torch.autograd.Function):
                  else _tiled_forward_base2)
         if forward is tiled_forward_torch and n_groups > 1:  # heads split over the CPU's threads
             out, m2, log2_l = _forward_by_head_groups(base2, q, k, v, vis, scale, block_q, block_k, n_groups)
-            lse = _natural_lse(m2, log2_l, block_q)
+            lse = torch.add(m2, log2_l).mul_(_LN2) if with_lse else None  # (..., T), the lse's own buffer
         elif forward is tiled_forward_torch:  # keep the loop's own base-2 lse: the backward needs it exact
             out, m2, log2_l = base2(q, k, v, vis, scale, block_q, block_k, bias=tile_bias)
-            lse = _natural_lse(m2, log2_l, block_q)
+            lse = torch.add(m2, log2_l).mul_(_LN2) if with_lse else None
         else:  # the Triton kernel works in natural log
             out, lse = forward(q, k, v, vis, scale, block_q, block_k)
             backward = pick_backward(q, vis)
@@ -850,6 +853,8 @@ class _TiledAttentionFunction(torch.autograd.Function):
         ctx.vis, ctx.scale, ctx.score_bias = vis, scale, score_bias
         ctx.blocks = (block_q if backward_block_q is None else backward_block_q, block_k)
         ctx.backward_kernel = backward
+        if not with_lse:
+            return out, None
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -859,30 +864,19 @@ class _TiledAttentionFunction(torch.autograd.Function):
         q, k, v, out, m2, log2_l, bias = ctx.saved_tensors
         if ctx.backward_kernel is not tiled_backward_torch:  # the Triton kernels; m2 holds the natural-log lse
             dq, dk, dv = ctx.backward_kernel(q, k, v, out, m2, d_out, ctx.vis, ctx.scale, *ctx.blocks)
-            return dq, dk, dv, None, None, None, None, None, None, None
+            return dq, dk, dv, None, None, None, None, None, None, None, None
         n_groups = _head_groups(q, ctx.vis, bias if bias is not None else ctx.score_bias)
         if n_groups > 1:
             dq, dk, dv = _backward_by_head_groups(q, k, v, out, m2, log2_l, d_out, ctx.vis, ctx.scale,
                                                   *ctx.blocks, n_groups)
-            return dq, dk, dv, None, None, None, None, None, None, None
+            return dq, dk, dv, None, None, None, None, None, None, None, None
         needs_bias_grad = bias is not None and ctx.needs_input_grad[7]
         tile_bias = (_TensorBias(bias, q.shape[:-2], q.shape[-2], k.shape[-2], needs_grad=needs_bias_grad,
                                  work=_work_dtype(q.dtype)) if bias is not None else ctx.score_bias)
         dq, dk, dv = tiled_backward_torch(q, k, v, out, (m2, log2_l), d_out, ctx.vis, ctx.scale, *ctx.blocks,
                                           bias=tile_bias)
         d_bias = tile_bias.grad_of_input() if needs_bias_grad else None
-        return dq, dk, dv, None, None, None, None, d_bias, None, None
-
-
-def _natural_lse(m2, log2_l, block_q: int):
-    """``(m2 + log2_l) * ln 2``, the natural-log lse (..., T), one block of ``block_q`` rows at a time,
-    as a kernel writes its lse (the same numbers as one pass over all rows: the operations are
-    elementwise). Per block, so that the IO model of chapter 10 sees the (..., T) statistics in slow
-    memory one block at a time, not all T rows held at once (:mod:`.io_model`, "kept")."""
-    lse = torch.empty_like(m2)
-    for i0, i1 in _tiles(m2.shape[-1], block_q):
-        torch.mul(m2[..., i0:i1] + log2_l[..., i0:i1], _LN2, out=lse[..., i0:i1])
-    return lse
+        return dq, dk, dv, None, None, None, None, d_bias, None, None, None
 
 
 def _head_groups(q, vis: Visibility, bias) -> int:
@@ -1073,7 +1067,7 @@ def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str 
     vis = Visibility(mask=mask, causal_offset=offset, mask_mod=mask_mod, lead=lead)
     tile_fn = None if score_bias is None else _CallableBias(score_bias, q.shape[:-2], q.device,
                                                             grad_enabled=torch.is_grad_enabled())
-    out, lse = _TiledAttentionFunction.apply(q, k, v, vis, scale, block_q, block_k, bias, tile_fn)
+    out, lse = _TiledAttentionFunction.apply(q, k, v, vis, scale, block_q, block_k, bias, tile_fn, None, return_lse)
     return (out, lse) if return_lse else out
 
 

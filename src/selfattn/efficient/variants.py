@@ -124,7 +124,7 @@ def sliding_window_tiled_attention(q, k, v, window: int, causal: bool = True, *,
     block_q, block_k = require_positive_int("block_q", block_q), require_positive_int("block_k", block_k)
     backward_block_q = require_positive_int("backward_block_q", backward_block_q)
     vis = Visibility(causal_offset=0 if require_flag("causal", causal) else None, window=window)
-    out, _ = _TiledAttentionFunction.apply(q, k, v, vis, scale, block_q, block_k, None, None, backward_block_q)
+    out, _ = _TiledAttentionFunction.apply(q, k, v, vis, scale, block_q, block_k, None, None, backward_block_q, False)
     return out
 
 
