@@ -369,24 +369,30 @@ def window_sweep(repeats: int):
             tq.grad = tk.grad = tv.grad = None
         return step
 
-    best = {}
+    samples = {}  # (what, block) -> every timing, the first included
     for what, make, grad in (("forward", forward, False), ("train", train, True)):
         fns = {b: make(b) for b in WINDOW_SWEEP_BLOCKS}
         with torch.set_grad_enabled(grad):
-            best.update({(what, b): _timed(fn) for b, fn in fns.items()})
-            for _ in range(repeats):
+            for _ in range(repeats + 1):
                 for b, fn in fns.items():
-                    best[(what, b)] = min(best[(what, b)], _timed(fn))
+                    samples.setdefault((what, b), []).append(_timed(fn))
         _note_load()
         print(f"  swept window {what}", file=sys.stderr, flush=True)
-    print(f"| block_q | forward (block_q) ms | / default ({WINDOW_BLOCK_Q}) | forward+backward (backward_block_q) ms "
-          f"| / default ({WINDOW_BACKWARD_BLOCK_Q}) |")
-    print("|---:|---:|---:|---:|---:|")
+    best = {key: min(times) for key, times in samples.items()}
+    spread = {key: max(times) / min(times) - 1 for key, times in samples.items()}
+    print(f"Minimum over {repeats + 1} interleaved timings; spread: (slowest - fastest) / fastest of them.\n")
+    print(f"| block_q | forward (block_q) ms | / default ({WINDOW_BLOCK_Q}) | spread | forward+backward (backward_block_q) ms "
+          f"| / default ({WINDOW_BACKWARD_BLOCK_Q}) | spread |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for b in WINDOW_SWEEP_BLOCKS:
         f, t = best[("forward", b)], best[("train", b)]
-        print(f"| {b} | {1e3 * f:.1f} | {f / best[('forward', WINDOW_BLOCK_Q)]:.2f} | {1e3 * t:.1f} "
-              f"| {t / best[('train', WINDOW_BACKWARD_BLOCK_Q)]:.2f} |")
-    print(f"\n1-minute load average {os.getloadavg()[0]:.1f} at the end, {max(LOADS, default=0.0):.1f} at most")
+        print(f"| {b} | {1e3 * f:.1f} | {f / best[('forward', WINDOW_BLOCK_Q)]:.2f} | {spread[('forward', b)]:.0%} "
+              f"| {1e3 * t:.1f} | {t / best[('train', WINDOW_BACKWARD_BLOCK_Q)]:.2f} | {spread[('train', b)]:.0%} |")
+    peak = max(LOADS, default=0.0)
+    print(f"\n1-minute load average {os.getloadavg()[0]:.1f} at the end, {peak:.1f} at most")
+    if peak > (os.cpu_count() or 1) - 0.5:
+        print(f"\nThe load reached {peak:.1f} on {os.cpu_count()} cores: other jobs shared the machine, and ratios "
+              "closer to 1 than the spreads are noise, not a measurement. Run it again on a quiet machine.")
 
 
 def _train_blocks(q, k, v, d_out, causal, blocks):

@@ -1,6 +1,6 @@
 """The GPU check: attention kernels on CUDA in bfloat16, against a float32 reference, up to T=32768.
 
-    python bench/gpu_check.py [--max-T 32768] [--out bench/results/gpu-<date>-<device>.md]
+    python bench/gpu_check.py [--max-T 32768] [--out bench/results/gpu-<date>-<device>.md] [--require-gpu]
 
 Runs, for B=1, H=16, d_head=128 (bfloat16), T = 1024 ... max-T, causal and not:
 PyTorch SDPA with each backend forced (flash, efficient, cuDNN, math), the tiled torch path
@@ -19,7 +19,7 @@ A third table runs the Triton kernels in float32 (IEEE products, the precision `
 picks for float32 on CUDA, at the 128-row forward tiles and d_head=128 whose registers and shared
 memory the interpreter of the test suite does not model) against a float64 reference, forward and
 backward, "ok" below 1e-4 relative. Configurations a backend refuses, or that run out of memory, are reported as such. On a machine
-without a CUDA GPU it says so and exits (status 0): the CPU path is measured by
+without a CUDA GPU it says so and exits (status 0; 1 with ``--require-gpu``): the CPU path is measured by
 ``bench/attention_bench.py``.
 """
 
@@ -228,11 +228,14 @@ def main(argv=None) -> int:
     parser.add_argument("--max-T", type=int, default=32768)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--require-gpu", action="store_true",
+                        help="exit with status 1 when there is no CUDA GPU (for a GPU runner that must not pass "
+                             "green on a CPU build of torch)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA GPU on this machine (torch.cuda.is_available() is False); nothing to "
               "check. The CPU measurements are made by bench/attention_bench.py.")
-        return 0
+        return 1 if args.require_gpu else 0
     from selfattn.efficient.tiled import tiled_forward_torch
 
     device_name = torch.cuda.get_device_name()

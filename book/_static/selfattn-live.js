@@ -341,6 +341,22 @@
       return parseOptions(this.mode.value, this.temperature.value, this.topk.value, this.topp.value);
     }
 
+    /* A number box whose text the browser cannot read as a number (say "3-") reports its value as "":
+       which the rules above would read as "every token" (top-k, top-p). Such a box, if it takes part,
+       is named here with what it expects; null if every box is readable. */
+    unreadable() {
+      const boxes = [[this.temperature, "Temperature", "a number >= 0 (0: greedy)"],
+        [this.topk, "Top-k", "a whole number >= 1, or 0 for every token"],
+        [this.topp, "Top-p", "a number in (0, 1] (1: every token)"],
+        [this.nNew, "New characters", `a whole number from 1 to ${this.config.max_new_tokens}`]];
+      for (const [box, name, range] of boxes) {
+        if (!box.disabled && box.validity && box.validity.badInput) {
+          return `the ${name} box holds text that is not a number; expected ${range}.`;
+        }
+      }
+      return null;
+    }
+
     /* Nothing drawn for an earlier prompt stays on show once a prompt or a setting is refused. */
     clear() {
       this.grid.textContent = "";
@@ -374,6 +390,11 @@
         ids = this.encode(text);
       } catch (err) {
         this.refuse("Cannot run this prompt: " + err.message + ".");
+        return;
+      }
+      const unreadable = this.unreadable();
+      if (unreadable) {
+        this.refuse("Cannot generate: " + unreadable);
         return;
       }
       const opts = this.options();
@@ -435,14 +456,14 @@
             if (t > 0) onPrevious += weights[base + t * T + t - 1];
             reads.push(best);
           }
-          const prevShare = T > 1 ? onPrevious / (T - 1) : 0;
+          const prevShare = T > 1 ? (onPrevious / (T - 1)).toFixed(2) : "—"; // one character: no previous one
           const last = chars.length - 1;
           canvas.setAttribute("role", "img");
           canvas.setAttribute("aria-label", `Layer ${l + 1}, head ${h + 1}: attention weights, rows the ` +
             `${plural(T, "prompt character")} that ask, columns the characters they read; mean weight on the previous ` +
-            `character ${prevShare.toFixed(2)}; the last character "${chars[last]}" reads "${chars[reads[last]]}" most.`);
+            `character ${T > 1 ? prevShare : "none (one character)"}; the last character "${chars[last]}" reads "${chars[reads[last]]}" most.`);
           const caption = document.createElement("figcaption");
-          caption.textContent = `Layer ${l + 1} · head ${h + 1} — previous char. ${prevShare.toFixed(2)}; ` +
+          caption.textContent = `Layer ${l + 1} · head ${h + 1} — previous char. ${prevShare}; ` +
             `“${shown(chars[last])}” reads “${shown(chars[reads[last]])}”`;
           figure.append(canvas, caption);
           this.grid.append(figure);

@@ -47,7 +47,8 @@ def describe_device(device: torch.device | None = None) -> str:
         return f"cuda ({torch.cuda.get_device_name(device)})"
     if device.type == "mps":
         return "mps (Apple silicon GPU)"
-    return f"cpu ({torch.get_num_threads()} threads)"
+    threads = torch.get_num_threads()
+    return f"cpu ({threads} thread{'' if threads == 1 else 's'})"
 
 
 def parse_cache_size(text: str) -> int | None:

@@ -507,6 +507,42 @@ def test_a_prompt_past_the_limit_is_refused_not_cut(browser, site_url, built_htm
         assert "the weights of the 1 prompt character in every" in shown["status"], shown
         label = tab.eval_on_selector(".selfattn-livemodel-grid canvas", "(c) => c.getAttribute('aria-label')")
         assert "rows the 1 prompt character that ask" in label, label
+        # one character has no previous one: no share of weight on it is made up (it said 0.00)
+        assert "previous character none (one character)" in label, label
+        caption = tab.eval_on_selector(".selfattn-livemodel-grid figcaption", "(c) => c.textContent")
+        assert "previous char. —;" in caption, caption
+
+
+def test_a_number_box_holding_text_that_is_no_number_is_refused_not_read_as_every_token(
+        browser, site_url, built_html):
+    """Typed "3-" in the top-k box, the browser reports its value as "", which top-k reads as every token:
+    generation went on, sampled from every character, with no word. Each box that takes part is checked."""
+    with _ready_panel(browser, site_url, built_html) as tab:
+        _set_controls(tab, {"prompt": "The value of ", "mode": "sample"})
+        for box, name in (("topk", "Top-k"), ("topp", "Top-p"), ("temperature", "Temperature"),
+                          ("new", "New characters")):
+            field = tab.locator(f".selfattn-livemodel-{box}")
+            before = field.input_value()
+            field.focus()
+            tab.keyboard.press("Control+A")
+            tab.keyboard.type("3-")  # a number box keeps the text; its value reads ""
+            tab.keyboard.press("Enter")
+            field.dispatch_event("change")
+            tab.evaluate("() => window.selfattnLive.idle()")
+            assert field.evaluate("(e) => e.validity.badInput"), box
+            shown = _panel_text(tab)
+            assert shown["problem"] and f"the {name} box holds text that is not a number" in shown["status"], shown
+            assert shown["continuation"] == "" and shown["heads"] == 0, shown
+            _set_controls(tab, {box: before})
+            assert not _panel_text(tab)["problem"], box
+        # in greedy mode the sampling boxes take no part: unreadable text there stops nothing
+        field = tab.locator(".selfattn-livemodel-topk")
+        field.focus()
+        tab.keyboard.press("Control+A")
+        tab.keyboard.type("3-")
+        _set_controls(tab, {"mode": "greedy"})
+        shown = _panel_text(tab)
+        assert not shown["problem"] and shown["heads"] == 8 and shown["continuation"], shown
 
 
 def test_pointing_at_a_square_reads_its_characters_and_weight(browser, site_url, built_html):

@@ -64,7 +64,8 @@ def test_claim_17_tiled_memory_is_linear_in_length():
 
 def test_claim_17_summaries_of_four_key_chunks_merged_in_every_order_equal_full_attention():
     """The associative merge, shown: (max, sum, accumulator) of four chunks of uneven size, computed
-    independently by the package's split-KV partials, merged in all 24 orders and as a tree."""
+    independently by the package's split-KV partials, merged in every order and every bracketing:
+    4! orders x 5 binary trees = 120 merge trees, each equal to full attention."""
     import itertools
 
     from selfattn.inference.split_kv import finalize, merge_partials, partial_attention
@@ -75,14 +76,21 @@ def test_claim_17_summaries_of_four_key_chunks_merged_in_every_order_equal_full_
     expected = ref.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy())
     edges = [0, 3, 11, 12, 23]
     parts = [partial_attention(q, k[..., a:b, :], v[..., a:b, :]) for a, b in zip(edges, edges[1:], strict=False)]
+    def trees(items):  # every binary merge tree over items, in their order
+        if len(items) == 1:
+            yield items[0]
+        for cut in range(1, len(items)):
+            for left in trees(items[:cut]):
+                for right in trees(items[cut:]):
+                    yield merge_partials(left, right)
+
+    merged_trees = 0
     for order in itertools.permutations(range(4)):
-        merged = parts[order[0]]
-        for i in order[1:]:
-            merged = merge_partials(merged, parts[i])
-        context, _ = finalize(merged)
-        np.testing.assert_allclose(context.numpy(), expected, atol=1e-13, rtol=0)
-    tree, _ = finalize(merge_partials(merge_partials(parts[0], parts[1]), merge_partials(parts[2], parts[3])))
-    np.testing.assert_allclose(tree.numpy(), expected, atol=1e-13, rtol=0)
+        for merged in trees([parts[i] for i in order]):
+            context, _ = finalize(merged)
+            np.testing.assert_allclose(context.numpy(), expected, atol=1e-13, rtol=0)
+            merged_trees += 1
+    assert merged_trees == 120  # 24 orders x 5 bracketings (the Catalan number C_3)
 
 
 def test_claim_17_exact_means_exact_in_real_arithmetic_low_precision_rounds_alike():
@@ -127,8 +135,8 @@ def test_claim_34_flash_attention_moves_theta_T2_d2_over_M_numbers_standard_thet
     """Counted by watching every torch operation (count_traffic): the package's tiled loop reads K and V
     once per query block of ceil(M / 4d) rows, Q once, writes O once, plus one NaN-check pass over V:
     (2 ceil(T / B_r) + 3) T d numbers; and it keeps its per-row statistics in slow memory, a block of
-    rows at a time: the maxima and log2-sums written once (2T), for the backward pass; a forward that
-    returns no log-sum-exp reads them no more: 2T more. So Theta(T^2 d^2 / M), while its working set stays within a
+    rows at a time: the maxima and log2-sums written once (2T numbers), for the backward pass, and read
+    no more by a forward that returns no log-sum-exp. So Theta(T^2 d^2 / M), while its working set stays within a
     constant of M (else the count would not be an IO model's). Algorithm 0 writes and reads back two
     T x T tensors: 4 T^2 + 4 T d, whatever M is. Expected counts are derived here from the algorithms,
     not taken from the counter."""

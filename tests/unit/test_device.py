@@ -81,9 +81,13 @@ def test_empty_environment_variable_means_automatic(monkeypatch):
 
 
 def test_describe_device_cpu():
-    text = describe_device(torch.device("cpu"))
-    assert text == f"cpu ({torch.get_num_threads()} threads)"
-    assert describe_device("cpu") == text
+    before = torch.get_num_threads()
+    try:
+        for threads, expected in ((1, "cpu (1 thread)"), (2, "cpu (2 threads)")):  # "1 threads" before
+            torch.set_num_threads(threads)
+            assert describe_device(torch.device("cpu")) == describe_device("cpu") == expected
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_cpu_cache_sizes_reads_linux_sysfs(tmp_path):

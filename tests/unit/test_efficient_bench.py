@@ -42,6 +42,10 @@ def test_gpu_check_says_clearly_when_there_is_no_gpu():
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "no CUDA GPU" in run.stdout
+    # a GPU runner that got a CPU build of torch must not pass green
+    required = subprocess.run([sys.executable, str(script), "--require-gpu"], capture_output=True, text=True,
+                              timeout=120)
+    assert required.returncode == 1 and "no CUDA GPU" in required.stdout, (required.returncode, required.stderr[-2000:])
 
 
 @pytest.mark.slow

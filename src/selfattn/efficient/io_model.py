@@ -11,7 +11,10 @@ then filled in pieces by two or more operations, each byte written once (the row
 results, such as the per-row maxima and sums a tiled loop saves for the backward pass: a kernel
 writes them to slow memory one block of rows at a time, and they grow with the length). Everything
 else (tiles and accumulators that the code writes again, running statistics of the current block,
-scalars) is fast memory, and moves within it are free. View operations (slicing, reshaping,
+scalars) is fast memory, and moves within it are free. (The rule describes the general tiled loop that
+chapter 10 counts: a kernel that finishes such a buffer with one in-place pass over all of it, as the
+sliding window's band kernel takes the log2 of its row sums, writes it twice, and the counter then
+takes it for a reused fast buffer.) View operations (slicing, reshaping,
 transposing) move nothing.
 
 Counting rules, per operation: a tensor argument is *read* (its viewed elements, ``numel *

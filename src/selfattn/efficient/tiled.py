@@ -57,10 +57,10 @@ DEFAULT_BLOCK_K = 512
 # are sized by the band, not by block_k. Measured by bench/attention_bench.py (w=256, T=8192): in the
 # forward, 32 beat 16, 64 and 128 (one thread: 34 ms for 4 heads against 37.5 at 64). The backward (the
 # general recomputing loop, no band kernel) has its own block size, WINDOW_BACKWARD_BLOCK_Q, measured by
-# bench/attention_bench.py --window-sweep (bench/results/window-sweep-cpu-2026-12-02.md; 2-core AMD EPYC,
-# AVX-512, five quiet runs): forward plus backward with the backward at 64 rows took 133-157 ms, at 32
-# rows 1.00-1.18 times as long, at 128 rows 1.04-1.15 and at 16 rows 1.27-1.52; the forward at 32 rows
-# 34-42 ms, 64 rows 1.05-1.07 times as long.
+# bench/attention_bench.py --window-sweep (bench/results/window-sweep-cpu-2026-12-02.md, its two quiet runs;
+# 2-core AMD EPYC, AVX-512): forward plus backward with the backward at 64 rows took 144 and 157 ms, at 32
+# rows 1.07 and 1.18 times as long, at 128 rows 1.15 and 1.07, at 16 rows 1.37 and 1.52; the forward at 64
+# rows took 1.05 and 1.07 times as long as at 32.
 WINDOW_BLOCK_Q = 32
 WINDOW_BACKWARD_BLOCK_Q = 64
 WINDOW_BLOCK_K = 1 << 16
@@ -972,7 +972,7 @@ def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str 
     kernels wherever the forward ran the Triton kernel), so training memory is linear in length too.
 
     Args:
-        q: queries (..., T, Dh), typically (B, H, T, Dh); float32, float16 or bfloat16.
+        q: queries (..., T, Dh), typically (B, H, T, Dh); float32, float64, float16 or bfloat16.
         k: keys (..., S, Dh); v: values (..., S, Dv); same dtype as ``q``.
         mask: optional boolean keep-mask (True = may attend) broadcastable to (..., T, S). Tiles in
             which it is all False are skipped.
