@@ -168,11 +168,11 @@ def float32_rows(sizes=(1024, 4096), repeats: int = 5, device: str = "cuda", tim
 
 
 def _float32_case(q, k, v, d_out, causal: bool, repeats: int, timer) -> list[str]:
-    from selfattn.efficient.tiled import tiled_attention, tiled_forward_torch
+    from selfattn.efficient.tiled import Visibility, tiled_attention, tiled_forward_torch
     from selfattn.efficient.triton_kernel import triton_backward, triton_forward
 
     T, scale = q.shape[-2], 1 / math.sqrt(D_HEAD)
-    _, vis = _implementations(causal)
+    vis = Visibility(causal_offset=0 if causal else None)
     want_out = tiled_forward_torch(q.double(), k.double(), v.double(), vis, scale, 1024, 1024)[0]
     want_grads = _reference_gradients(q, k, v, d_out, vis, torch.float64)
     flops = 4 * B * H * D_HEAD * (T * (T + 1) / 2 if causal else T * T)

@@ -28,6 +28,16 @@ ARTIFACTS = ROOT / "test-artifacts"
 
 # Headless on a machine with no network: no GPU, no background traffic (without the last four flags
 # Chromium keeps opening connections to Google services, which fail on a closed network).
+# The WCAG 2.x contrast helpers of the legibility tests, as JavaScript statements to open a function with:
+# rgba(css colour) -> [r, g, b, a]; lum([r, g, b]) -> relative luminance; background(element) -> the colour
+# of the first ancestor (itself included) with an opaque-enough background, else white.
+CONTRAST_HELPERS_JS = """  const rgba = (s) => { const m = s.match(/[\\d.]+/g) || [0, 0, 0, 0]; return m.map(Number).concat([1]).slice(0, 4); };
+  const lum = (c) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+    return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]); };
+  const background = (el) => { for (let n = el; n; n = n.parentElement) { const c = rgba(getComputedStyle(n).backgroundColor);
+    if (c[3] > 0.5) return c; } return [255, 255, 255, 1]; };
+"""
+
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",

@@ -13,6 +13,7 @@ import re
 import pytest
 
 from .browser_support import (
+    CONTRAST_HELPERS_JS,
     FIGURES_DRAWN_JS,
     MAIN_FIGURE_JS,
     SNAPSHOT_JS,
@@ -142,12 +143,7 @@ def test_previous_and_next_links_follow_the_table_of_contents(browser, site_url)
 # WCAG 2.x contrast ratio of each paragraph's text against the background it is drawn on
 # (the first ancestor with an opaque-enough background colour).
 CONTRAST_JS = """() => {
-  const rgba = (s) => { const m = s.match(/[\\d.]+/g) || [0, 0, 0, 0]; return m.map(Number).concat([1]).slice(0, 4); };
-  const lum = (c) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
-    return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]); };
-  const background = (el) => { for (let n = el; n; n = n.parentElement) { const c = rgba(getComputedStyle(n).backgroundColor);
-    if (c[3] > 0.5) return c; } return [255, 255, 255, 1]; };
-  const ratios = [];
+""" + CONTRAST_HELPERS_JS + """  const ratios = [];
   for (const p of [...document.querySelectorAll('main article p, main article li')].slice(0, 80)) {
     if (!p.textContent.trim() || p.closest('.selfattn-figure-text, .plotly-graph-div, .jupyter-widgets')) continue;
     const fg = rgba(getComputedStyle(p).color), bg = background(p);

@@ -39,7 +39,7 @@ import torch
 
 from selfattn.sampling import filter_logits
 
-from .browser_support import FIGURES_DRAWN_JS, offline_context
+from .browser_support import CONTRAST_HELPERS_JS, FIGURES_DRAWN_JS, offline_context
 
 PAGE = "notebooks/14_capstone_gpt"
 ANCHOR = "the-live-model-type-a-prompt-watch-every-head"
@@ -292,12 +292,7 @@ def test_without_webassembly_the_panel_says_so(browser, site_url, built_html):
 
 
 PANEL_CONTRAST_JS = """() => {
-  const rgba = (s) => { const m = s.match(/[\\d.]+/g) || [0, 0, 0, 0]; return m.map(Number).concat([1]).slice(0, 4); };
-  const lum = (c) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
-    return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]); };
-  const background = (el) => { for (let n = el; n; n = n.parentElement) { const c = rgba(getComputedStyle(n).backgroundColor);
-    if (c[3] > 0.5) return c; } return [255, 255, 255, 1]; };
-  return [...document.querySelectorAll('.selfattn-livemodel p, .selfattn-livemodel label, .selfattn-livemodel figcaption, .selfattn-livemodel input, .selfattn-livemodel select, .selfattn-livemodel button')]
+""" + CONTRAST_HELPERS_JS + """  return [...document.querySelectorAll('.selfattn-livemodel p, .selfattn-livemodel label, .selfattn-livemodel figcaption, .selfattn-livemodel input, .selfattn-livemodel select, .selfattn-livemodel button')]
     .filter((e) => (e.value || e.textContent).trim()).map((e) => {
       const fg = rgba(getComputedStyle(e).color), bg = background(e);
       const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);

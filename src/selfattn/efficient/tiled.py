@@ -848,7 +848,8 @@ class _TiledAttentionFunction(torch.autograd.Function):
             if backward is tiled_backward_torch:
                 m2, log2_l = lse * _LOG2E, torch.zeros_like(lse)
             else:  # the Triton backward takes the kernel's natural-log lse as it is: no conversion
-                m2, log2_l = lse.clone(), None  # a copy: the caller may change the returned lse in place
+                # a copy only if the lse is returned: the caller may change it in place
+                m2, log2_l = (lse.clone() if with_lse else lse), None
         ctx.save_for_backward(q, k, v, out, m2, log2_l, bias)
         ctx.vis, ctx.scale, ctx.score_bias = vis, scale, score_bias
         ctx.blocks = (block_q if backward_block_q is None else backward_block_q, block_k)
