@@ -110,6 +110,15 @@ def test_claim_26_gqa_divides_the_cache_by_n_heads_over_n_kv_heads(n_kv_heads):
     assert (K.numel() + V.numel()) * (8 // n_kv_heads) == mha_numbers
 
 
+def test_claim_26_llama2_7b_caches_four_times_what_llama31_8b_does_at_the_same_depth_and_width():
+    # the chapter's table: the same 32 layers and 32 query heads of width 128; Llama 2 7B is multi-head
+    # attention (512 KiB per token in bfloat16), Llama 3.1 8B has 8 key/value heads (128 KiB)
+    llama2, llama3 = costs.PUBLISHED_SPECS["Llama 2 7B"], costs.PUBLISHED_SPECS["Llama 3.1 8B"]
+    assert (llama2.n_layers, llama2.n_heads, llama2.d_head) == (llama3.n_layers, llama3.n_heads, llama3.d_head)
+    assert costs.kv_cache_bytes(llama2, 4096) == 4096 * 512 * 1024 == 2 * 2**30  # 2 GiB at its 4k tokens
+    assert costs.kv_cache_bytes(llama2, 4096) == 4 * costs.kv_cache_bytes(llama3, 4096)
+
+
 def test_claim_27_a_paged_cache_gives_exactly_the_contiguous_caches_result_token_by_token():
     g = torch.Generator().manual_seed(3)
     H, H_kv, Dh = 4, 2, 8

