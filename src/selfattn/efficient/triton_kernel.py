@@ -322,7 +322,7 @@ def triton_backward(q, k, v, out, lse, d_out, vis, scale: float, block_q: int = 
         from .tiled import tiled_backward_torch
 
         # the torch loop takes the base-2 log-sum-exp: lse * log2 e
-        return tiled_backward_torch(q, k, v, out, lse / math.log(2.0), d_out, vis, scale, block_q, block_k)
+        return tiled_backward_torch(q, k, v, out, lse, d_out, vis, scale, block_q, block_k)  # (m, log2 l) = (lse, 0)
     *batch, T, Dh = q.shape
     S, Dv = k.shape[-2], v.shape[-1]
     BH = math.prod(batch)
