@@ -135,8 +135,8 @@ def _reference_gradients(q, k, v, d_out, vis, dtype=torch.float32):
 
     q, k, v, d_out = (x.to(dtype) for x in (q, k, v, d_out))
     out, lse = tiled_forward_torch(q, k, v, vis, 1 / math.sqrt(D_HEAD), 2048, 2048)
-    # the torch backward takes the base-2 log-sum-exp, lse * log2 e
-    return tiled_backward_torch(q, k, v, out, lse / math.log(2.0), d_out, vis, 1 / math.sqrt(D_HEAD), 2048, 2048)
+    # the torch backward takes the natural log-sum-exp as (row maximum, log2 l) = (lse, 0)
+    return tiled_backward_torch(q, k, v, out, lse, d_out, vis, 1 / math.sqrt(D_HEAD), 2048, 2048)
 
 
 def _relative_error(got, want) -> float:

@@ -51,13 +51,17 @@ def masked_softmax(scores: torch.Tensor, keep: torch.Tensor | None) -> torch.Ten
 
     Raises:
         TypeError: ``scores`` not a floating tensor, ``keep`` not a boolean tensor.
-        ValueError: ``keep`` does not broadcast to the shape of ``scores``.
+        ValueError: ``scores`` 0-d (no axis to normalise over; as ``selfattn.ref.softmax``), ``keep``
+        does not broadcast to the shape of ``scores``.
 
     Source: chapter 04.
     """
     require_tensor("scores", scores)
     if not scores.dtype.is_floating_point:
         raise TypeError(f"scores must be a floating-point tensor; got dtype {scores.dtype}")
+    if scores.dim() == 0:
+        raise ValueError("scores must have at least one axis, (..., T, S) or (S,), the last normalised; "
+                         "got a 0-d tensor (shape ())")
     if keep is not None:
         require_tensor("keep", keep)
         require_bool_mask("keep", keep)

@@ -205,6 +205,11 @@ class GroupedQueryAttention(nn.Module):
                 bias: torch.Tensor | None = None, return_weights: bool = False):
         """Attend from ``x_q`` (B, T, D) to ``x_kv`` (B, S, D); self-attention when ``x_kv`` is None.
 
+        A padding ``mask`` acts on the scores, after the projections: a NaN or inf stored in a padded
+        row of ``x_kv`` is hidden from the output but still reaches the gradients of ``W_K`` and
+        ``W_V`` (NaN) through ``x_kv @ W_K`` and ``x_kv @ W_V``; zero the padded rows first when they
+        may hold such values (as :meth:`selfattn.MultiHeadAttention.forward`).
+
         Raises:
             TypeError / ValueError: ``x_q`` or ``x_kv`` not a (B, T, D) / (B, S, D) floating tensor
             of the module's dtype with T > 0 and S > 0, different batch sizes; a bad ``mask`` or

@@ -205,7 +205,12 @@ class MultiHeadAttention(nn.Module):
             x_q: the sequence that asks (queries), (B, T, D).
             x_kv: the sequence that is read (keys and values), (B, S, D); default ``x_q``.
             mask: boolean keep-mask (True = may attend) broadcastable to (B, H, T, S), e.g. a
-                (T, S) causal mask or a (B, 1, 1, S) padding mask.
+                (T, S) causal mask or a (B, 1, 1, S) padding mask. The mask acts on the scores, after
+                the projections: a NaN or inf stored in a padded row of ``x_kv`` (or ``x_q``) is
+                hidden from ``out``, but ``K = x_kv @ W_K`` and ``V = x_kv @ W_V`` still read it, so
+                the gradients of ``W_K`` and ``W_V`` (and of ``b_K``, ``b_V``) are NaN (0 * NaN = NaN
+                in the projection's backward). Zero the padded rows of the input
+                (``x_kv.masked_fill(~keep[..., None], 0)``) when they may hold such values.
             bias: additive float tensor broadcastable to (B, H, T, S), added to the scores.
             return_weights: also return the per-head weights (B, H, T, S).
 

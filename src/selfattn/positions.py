@@ -279,8 +279,8 @@ def apply_rope(
         inputs are rotated in float32).
 
     Raises:
-        TypeError: ``x`` not a floating tensor. ValueError: Dh odd, ``positions`` not of length T, an
-        unknown ``layout``, a bad ``base`` or ``interpolation``.
+        TypeError: ``x`` not a floating tensor. ValueError: Dh odd or 0, ``positions`` not of length T,
+        an unknown ``layout``, a bad ``base`` or ``interpolation``.
 
     Source: Su et al. 2021, section 3.4.2 (eq. 34); Black et al. 2022 (GPT-NeoX's half layout); chapter 08.
     """
@@ -292,8 +292,8 @@ def apply_rope(
     if layout not in ROPE_LAYOUTS:
         raise ValueError(f"layout must be one of {ROPE_LAYOUTS}; got {layout!r}")
     T, Dh = x.shape[-2], x.shape[-1]
-    if Dh % 2:
-        raise ValueError(f"x's last axis Dh must be even (features are rotated in pairs); got shape {shape_of(x)}")
+    if Dh % 2 or Dh == 0:  # 0: not left to rope_cos_sin, whose error would name its own d_head
+        raise ValueError(f"x's last axis Dh must be even and > 0 (features are rotated in pairs); got shape {shape_of(x)}")
     p = _positions_tensor(positions)  # (T,) float64 on the CPU
     if p.shape[0] != T:
         raise ValueError(f"positions must have length T={T} (x has shape {shape_of(x)}); got shape {shape_of(p)}")
@@ -359,6 +359,11 @@ def ntk_scaled_base(base: float, factor: float, d_head: int) -> float:
 # --------------------------------------------------------------------------------------------------
 
 
+# The most heads alibi_slopes accepts: far above any real model (BLOOM-176B has 112), small enough that
+# the slopes (a Python list, then a tensor) take milliseconds and half a MiB.
+ALIBI_MAX_HEADS = 1 << 16
+
+
 def alibi_slopes(n_heads: int) -> torch.Tensor:
     """The head slopes s_h of ALiBi (the paper's ``m``), (H,) float64.
 
@@ -367,12 +372,19 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     ``_get_alibi_slopes``): the slopes of the closest power of two below, ``n = 2^floor(log2 H)``,
     followed by every other slope of ``2n`` heads (the odd-numbered ones), up to H in all.
 
+    ``n_heads`` is at most ``ALIBI_MAX_HEADS`` = 2**16 (the slopes are a Python list first: 2**26 heads
+    took 40 s and 3.4 GB before this bound; real models have at most a few hundred heads).
+
     Raises:
-        ValueError: ``n_heads`` not a positive int.
+        ValueError: ``n_heads`` not a positive int, or above ``ALIBI_MAX_HEADS`` (checked before
+        anything is allocated).
 
     Source: Press et al. 2022, section 3, and the non-power-of-two rule of its released code; chapter 08.
     """
     H = require_positive_int("n_heads", n_heads)
+    if H > ALIBI_MAX_HEADS:
+        raise ValueError(f"n_heads must be at most ALIBI_MAX_HEADS = {ALIBI_MAX_HEADS} (2**16, far above any "
+                         f"real model's head count); got {H}")
 
     def powers_of_two(n: int) -> list[float]:
         return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]

@@ -591,3 +591,14 @@ def test_a_visible_nan_gives_nan_weights_only_on_the_keys_its_row_sees(gen):
     assert (want[~keep.numpy()] == 0).all() and (got[~keep] == 0).all()
     np.testing.assert_array_equal(np.isnan(got.numpy()), np.isnan(want))
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=0)  # NaN where the reference is
+
+
+def test_masked_softmax_of_a_0d_tensor_is_a_value_error_naming_scores():
+    # Regression: a 0-d scores tensor raised IndexError (tuple index out of range) from the empty-axis
+    # check; it has no axis to normalise over, so it is refused by name, as selfattn.ref.softmax does.
+    for keep in (None, torch.tensor(True)):
+        with pytest.raises(ValueError, match=r"scores must have at least one axis.*0-d"):
+            masked_softmax(torch.tensor(1.0), keep)
+    # one axis is still a single row: weights that sum to 1
+    w = masked_softmax(torch.tensor([0.0, math.log(3.0)], dtype=torch.float64), None)
+    torch.testing.assert_close(w, torch.tensor([0.25, 0.75], dtype=torch.float64), rtol=0, atol=1e-15)

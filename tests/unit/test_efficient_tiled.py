@@ -391,3 +391,29 @@ def test_float32_at_large_logits_is_as_accurate_as_torch_sdpa(magnitude, causal)
     got = _errors((out.detach(), *torch.autograd.grad(out, (qi, ki, vi), d_out), truth[4]), truth, q, k, v, d_out)
     for name, g, w in zip(("out", "dq", "dk", "dv"), got, want, strict=False):
         assert g <= 4 * max(w, torch.finfo(torch.float32).eps), f"dense {name} error {g:.2e} > 4 x SDPA's {w:.2e}"
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_float32_at_logits_near_6e4_spread_over_a_row_is_as_accurate_as_torch_sdpa(seed):
+    # Regression: the tiles held base-2 scores, (q * scale * log2 e) . k, and subtracted the running
+    # maximum from those: at |s| ~ 6e4 the base-2 scores (~8.7e4) lie past 2^16 and carry twice the
+    # rounding of the natural-unit ones, plus the rounding of q * log2 e, and where a row's largest
+    # weights are close, the weights and so out and dK were off by up to 44x and 93x SDPA's error
+    # (seeds 1 and 0). Now s - m is formed in natural units and only then scaled into base 2, as
+    # SDPA's exp(s - m): within 4x of its error, forward and backward, several tile sizes.
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(1, 2, 128, 64, generator=gen) * math.sqrt(10.0) for _ in range(2))
+    c = math.sqrt(6e4 * 8)  # a shared first feature: every score near 6e4, a row spread of ~1e3
+    q[..., 0] += c * (1 + 0.01 * torch.randn(1, 2, 128, generator=gen))
+    k[..., 0] += c
+    v, d_out = (torch.randn(1, 2, 128, 64, generator=gen) for _ in range(2))
+    truth = _float64_truth(q, k, v, d_out, False)
+    assert 5e4 < float(truth[4].min()) and float(truth[4].max()) < 7e4  # the lse: logits near 6e4
+    want = _errors(_torch_sdpa_float32(q, k, v, d_out, False), truth, q, k, v, d_out)
+    for block in (16, 48, 128):
+        qi, ki, vi = (x.clone().requires_grad_(True) for x in (q, k, v))
+        out, lse = tiled_attention(qi, ki, vi, block_q=block, block_k=block, return_lse=True)
+        got = _errors((out.detach(), *torch.autograd.grad(out, (qi, ki, vi), d_out), lse), truth, q, k, v, d_out)
+        for name, g, w in zip(("out", "dq", "dk", "dv", "lse"), got, want, strict=True):
+            bound = 4 * max(w, torch.finfo(torch.float32).eps)
+            assert g <= bound, f"block {block}: tiled {name} error {g:.2e} > 4 x SDPA's {w:.2e}"

@@ -296,3 +296,34 @@ def test_an_empty_sequence_is_named_by_the_argument_the_user_passed():
         mha(torch.zeros(2, 3, 12, dtype=torch.float64), torch.zeros(2, 0, 12, dtype=torch.float64))
     out = mha(torch.zeros(2, 0, 12, dtype=torch.float64), torch.ones(2, 3, 12, dtype=torch.float64))
     assert out.shape == (2, 0, 12)  # no queries, some keys: an empty result, as the reference
+
+
+def test_a_nan_in_a_padded_x_kv_row_reaches_w_k_and_w_v_gradients_unless_zeroed():
+    # Pins the documented behaviour (forward's mask argument): the padding mask acts on the scores, after
+    # the projections, so a NaN in a padded x_kv row is hidden from out but reaches dW_K and dW_V through
+    # x_kv @ W; zeroing the padded rows gives the gradients of the clean input.
+    mha = _module()
+    gen = torch.Generator().manual_seed(3)
+    x_q, x_kv = torch.randn(2, 3, 12, generator=gen, dtype=torch.float64), torch.randn(2, 5, 12, generator=gen, dtype=torch.float64)
+    keep = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])  # (B, S): sequence 1 has 2 padded positions
+    mask = keep[:, None, None, :]  # (B, 1, 1, S)
+    clean = x_kv.clone()
+    clean[1, 3:] = 0.0
+    dirty = clean.clone()
+    dirty[1, 3] = math.nan
+
+    def grads(x):
+        mha.zero_grad(set_to_none=True)
+        out = mha(x_q, x, mask)
+        out.sum().backward()
+        return out.detach(), mha.W_K.grad.clone(), mha.W_V.grad.clone(), mha.W_Q.grad.clone()
+
+    out_c, gk_c, gv_c, gq_c = grads(clean)
+    out_d, gk_d, gv_d, gq_d = grads(dirty)
+    torch.testing.assert_close(out_d, out_c, **TOL64)  # hidden from the output
+    torch.testing.assert_close(gq_d, gq_c, **TOL64)  # and from W_Q's gradient
+    assert gk_d.isnan().any() and gv_d.isnan().any()  # but not from W_K's and W_V's
+    zeroed = dirty.masked_fill(~keep[..., None], 0.0)  # the remedy the docstring names
+    _, gk_z, gv_z, _ = grads(zeroed)
+    torch.testing.assert_close(gk_z, gk_c, **TOL64)
+    torch.testing.assert_close(gv_z, gv_c, **TOL64)

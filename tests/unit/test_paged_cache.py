@@ -309,3 +309,60 @@ def test_paged_attention_order_must_be_ints(bad):
     cache.append("a", torch.randn(2, 3, 3, dtype=torch.float64), torch.randn(2, 3, 3, dtype=torch.float64))
     with pytest.raises(TypeError, match="order"):
         paged_attention(torch.randn(2, 1, 3, dtype=torch.float64), cache, "a", order=bad)
+
+
+def _causal_reference(q, k, v):
+    """float64 plain-torch attention of the last T positions over all S keys, bottom-right causal,
+    query head h reading key/value head h // (H / Hkv)."""
+    H, T, Dh = q.shape
+    group, S = H // k.shape[0], k.shape[1]
+    k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(Dh)
+    keep = torch.arange(S)[None, :] <= torch.arange(S - T, S)[:, None]  # (T, S)
+    return torch.softmax(scores.masked_fill(~keep, -math.inf), dim=-1) @ v
+
+
+@pytest.mark.parametrize("n_heads", [2, 4])  # MHA and grouped-query (2 query heads per key/value head)
+def test_backward_passes_through_paged_attention_follow_each_other_with_the_right_gradients(n_heads):
+    # Regression: append wrote k_new / v_new into the pools in place with autograd on, so the pools
+    # became a node of every later step's graph: the second step's backward ran into the first
+    # step's freed graph (RuntimeError). Now the pools stay plain copies (as KVCache's concatenation
+    # never writes into a tensor of the graph), and each cached position's gradient reaches the
+    # tensor it was appended from, as KVCache's does: checked against plain float64 autograd.
+    gen = torch.Generator().manual_seed(7)
+    Hkv, Dh, lengths = 2, 4, (3, 2, 4)  # three steps over blocks of 2: appends cross block boundaries
+    ks, vs, qs = ([torch.randn(h, t, Dh, generator=gen, dtype=torch.float64, requires_grad=True) for t in lengths]
+                  for h in (Hkv, Hkv, n_heads))
+    cache = PagedKVCache(8, 2, Hkv, Dh, dtype=torch.float64)
+    for step in range(3):
+        cache.append("s", ks[step], vs[step])
+        assert cache.k_pool.grad_fn is None and not cache.k_pool.requires_grad  # the pool is no graph node
+        out = paged_attention(qs[step], cache, "s")
+        wrt = [*ks[: step + 1], *vs[: step + 1], qs[step]]
+        got = torch.autograd.grad((out * (step + 1)).sum(), wrt)  # a backward per step, no retain_graph
+        ref = _causal_reference(qs[step], torch.cat(ks[: step + 1], dim=1), torch.cat(vs[: step + 1], dim=1))
+        want = torch.autograd.grad((ref * (step + 1)).sum(), wrt)
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+    # a backward taken after a later append still sees the values it read (no in-place version clash)
+    q = torch.randn(n_heads, 1, Dh, generator=gen, dtype=torch.float64, requires_grad=True)
+    out = paged_attention(q, cache, "s")
+    cache.append("s", *(torch.randn(Hkv, 1, Dh, generator=gen, dtype=torch.float64) for _ in range(2)))
+    ref = _causal_reference(q, torch.cat(ks, dim=1), torch.cat(vs, dim=1))
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), q)[0], torch.autograd.grad(ref.sum(), q)[0],
+                               rtol=0, atol=1e-12)
+
+
+def test_paged_cache_records_no_graph_without_grad():
+    # under no_grad (generation), or for tensors that do not require grad, nothing is remembered
+    cache = PagedKVCache(4, 2, 1, 4, dtype=torch.float64)
+    k = torch.randn(1, 3, 4, dtype=torch.float64, requires_grad=True)
+    with torch.no_grad():
+        cache.append(0, k, k)
+    cache.append(1, k.detach(), k.detach())
+    assert cache._sources == {}
+    q = torch.randn(1, 1, 4, dtype=torch.float64, requires_grad=True)
+    out = paged_attention(q, cache, 0)
+    torch.testing.assert_close(out, _causal_reference(q, k.detach(), k.detach()), rtol=0, atol=1e-12)
+    assert torch.autograd.grad(out.sum(), q)[0].isfinite().all()

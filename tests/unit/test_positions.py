@@ -597,3 +597,22 @@ def test_scheme_edge_cases_keep_dtype_and_accept_no_positions():
     assert P.LearnedPositions(4, 8).add_absolute(half).dtype == torch.float16
     assert P.SinusoidalPositions(8).add_absolute(half).dtype == torch.float16
     assert P.SinusoidalPositions(8).add_absolute(torch.zeros(2, 0, 8)).shape == (2, 0, 8)
+
+
+def test_alibi_slopes_refuses_more_heads_than_its_bound_before_allocating():
+    # Regression: no bound, so 2**26 heads built a 2**26-element Python list (40 s, 3.4 GB) and returned it.
+    with pytest.raises(ValueError, match=r"n_heads must be at most ALIBI_MAX_HEADS = 65536.*got 67108864"):
+        P.alibi_slopes(2**26)
+    with pytest.raises(ValueError, match=r"n_heads must be at most.*got 65537"):
+        P.alibi_slopes(P.ALIBI_MAX_HEADS + 1)
+    # the bound itself is accepted: the paper's sequence 2^(-8 h / H), the last slope 2^-8
+    top = P.alibi_slopes(P.ALIBI_MAX_HEADS)
+    assert top.shape == (65536,)
+    assert float(top[-1]) == 2.0 ** -8 and float(top[0]) == 2.0 ** (-8.0 / 65536)
+
+
+def test_apply_rope_with_an_empty_feature_axis_names_x():
+    # Regression: Dh = 0 reached rope_cos_sin, whose error named d_head, an argument the caller never passed.
+    for layout in ("half", "interleaved"):
+        with pytest.raises(ValueError, match=r"x's last axis Dh must be even and > 0.*got shape \(3, 0\)"):
+            P.apply_rope(torch.zeros(3, 0), torch.arange(3), layout=layout)

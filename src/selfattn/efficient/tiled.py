@@ -65,16 +65,17 @@ WINDOW_BLOCK_Q = 32
 WINDOW_BACKWARD_BLOCK_Q = 64
 WINDOW_BLOCK_K = 1 << 16
 _HALF = (torch.float16, torch.bfloat16)
-# Scores are kept in base 2 (s log2 e: the queries are scaled by scale * log2 e) so that the tiles use exp2,
-# 2-3 times faster than exp on CPUs (FlashAttention does the same on GPUs), with no extra pass over a tile.
-# The backward is handed the forward's own base-2 lse: converting lse to natural log and back adds a
-# rounding of about |lse| * 1e-7 (1e-2 at logits near 1e5), and P = exp2(s - lse2) would be off by as much.
-# It is handed in two parts, the row maximum m and log2 l (lse2 = m + log2 l): their float32 sum would round
-# again at the size of m, and a bias such as ALiBi's puts m in the thousands without saturating the softmax,
-# so exp2(s - (m + log2 l)) would carry that rounding in every row (several times torch's error in dV);
-# exp2((s - m) - log2 l) does not. A bias comes in natural-log units: it is multiplied by log2 e and added
-# to the tile in float64, so that the biased base-2 score is rounded once, as torch's s + bias is.
-# (The Triton kernel works in natural log, so on that path the conversion remains: untested at such logits.)
+# The tiles hold the natural-unit scores s = (q * scale) . k and their running maximum m; s - m is formed
+# there, and only then scaled into base 2 for exp2, 2-3 times faster than exp on CPUs (FlashAttention uses
+# exp2 on GPUs too): exp2((s - m) * log2 e). Scaling first (base-2 scores (q * scale * log2 e) . k) rounded
+# the scores at 1.44 times their size (past 2^16 at |s| ~ 6e4: twice the rounding) and q once more, and
+# where a row's largest weights were close, out and dK were off by up to 44x and 93x SDPA's error;
+# s - m of nearby scores is exact, as in SDPA's exp(s - m). The backward is handed the forward's own
+# statistics in two parts, the row maximum m (natural units) and log2 l, and forms
+# exp2((s - m) * log2 e - log2 l): converting lse to one number would round it at the size of m, and a
+# bias such as ALiBi's puts m in the thousands without saturating the softmax (several times torch's
+# error in dV). A bias is added to the tile in float64, so that the biased score is rounded once, as
+# torch's s + bias is. (The Triton kernel works in natural log throughout: exp(s - m).)
 _LOG2E = 1.0 / math.log(2.0)
 _LN2 = math.log(2.0)
 
@@ -242,15 +243,15 @@ class _StructuralBias:
 
 
 def _to_base2(b: torch.Tensor) -> torch.Tensor:
-    """A bias tile in natural-log units as the tiles' base-2 units, ``b * log2 e``: float64 (a new
+    """A bias tile in natural-log units, as the tiles' scores, in float64 (a new
     tensor, never the caller's), so that :func:`_add_bias_` rounds the biased score only once."""
-    return b.to(torch.float64) * _LOG2E
+    return b.to(torch.float64, copy=True)  # a copy: _add_bias_ may write into it
 
 
 def _add_bias_(s: torch.Tensor, bias2: torch.Tensor) -> torch.Tensor:
-    """``s += bias2`` in place (``s`` (*lead, bq, bk) base-2 scores, ``bias2`` from :func:`_to_base2`).
+    """``s += bias2`` in place (``s`` (*lead, bq, bk) natural-unit scores, ``bias2`` from :func:`_to_base2`).
 
-    In float32 the sum is formed in float64 and rounded once: converting the bias to float32 base 2
+    In float32 the sum is formed in float64 and rounded once: converting the bias to float32
     first and then adding would round twice at the size of the bias (thousands for ALiBi at long T),
     about twice torch's error with the same additive mask; one rounding keeps within its factor."""
     if s.dtype == torch.float64:
@@ -279,7 +280,7 @@ class _TensorBias:
         self.grad = torch.zeros(self.full.shape, dtype=grad_dtype, device=bias.device) if needs_grad else None
 
     def tile(self, i0: int, i1: int, j0: int, j1: int, *, check_grad: bool = False):
-        """The bias of rows [i0, i1) and columns [j0, j1), base 2, broadcastable to (*lead, bq, bk)."""
+        """The bias of rows [i0, i1) and columns [j0, j1), in float64, broadcastable to (*lead, bq, bk)."""
         return _to_base2(self.view[..., i0:i1, j0:j1])
 
     def accumulate_grad_(self, ds: torch.Tensor, i0: int, i1: int, j0: int, j1: int):
@@ -300,7 +301,7 @@ class _TensorBias:
 
 class _CallableBias:
     """``score_bias(q_idx, k_idx)`` called once per tile with the tile's int64 query rows (bq,) and
-    key columns (bk,); its result (natural-log units) is checked and converted to base 2.
+    key columns (bk,); its result (natural-log units) is checked and converted to float64.
 
     With ``grad_enabled`` (the caller's grad mode), the forward calls it with grad mode on, so that a
     result depending on a learned parameter shows ``requires_grad`` and is refused: no gradient
@@ -311,7 +312,7 @@ class _CallableBias:
         self.grad = None  # nothing to differentiate
 
     def tile(self, i0: int, i1: int, j0: int, j1: int, *, check_grad: bool = False):
-        """The checked result for rows [i0, i1) and columns [j0, j1), base 2 (see the class)."""
+        """The checked result for rows [i0, i1) and columns [j0, j1), float64 (see the class)."""
         q_idx = torch.arange(i0, i1, device=self.device)  # (bq,) int64: the query rows of the tile
         k_idx = torch.arange(j0, j1, device=self.device)  # (bk,) int64: its key columns
         with torch.set_grad_enabled(self.grad_enabled and check_grad):
@@ -356,15 +357,15 @@ def tiled_forward_torch(q, k, v, vis: Visibility, scale: float, block_q: int, bl
     """
     out, m2, log2_l = _tiled_forward_base2(q, k, v, vis, scale, block_q, block_k,
                                            reverse_key_tiles=reverse_key_tiles, bias=bias)
-    return out, (m2 + log2_l) * _LN2
+    return out, m2 + log2_l * _LN2
 
 
 @torch.no_grad()
 def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, block_k: int,
                          *, reverse_key_tiles: bool = False, bias=None, out=None):
-    """:func:`tiled_forward_torch`, returning ``(out, m2, log2_l)``: the base-2 log-sum-exp
-    ``lse * log2 e = m2 + log2_l`` in the two parts that the backward needs exactly as computed here,
-    the row maximum ``m2`` of the base-2 scores (``-inf`` for a query that sees no key) and
+    """:func:`tiled_forward_torch`, returning ``(out, m2, log2_l)``: the log-sum-exp
+    ``lse = m2 + log2_l * ln 2`` in the two parts that the backward needs exactly as computed here,
+    the row maximum ``m2`` of the (natural-unit) scores (``-inf`` for a query that sees no key) and
     ``log2_l`` (0 for such a query). ``out``: None, or a contiguous (BH, T, Dv) tensor of the dtype
     of ``q`` to write the output into (the head groups of :mod:`.head_groups` write into one output)."""
     T, S, Dh, Dv, lead = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.shape[:-2]
@@ -394,8 +395,8 @@ def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, b
     for i0, i1 in _tiles(T, block_q):
         n = i1 - i0
         # the scaled queries, float32 for half inputs; the backward recomputes them the same way
-        q_t = q_buffer[: BH * n * Dh].view(BH, n, Dh).copy_(q3[:, i0:i1]).mul_(scale * _LOG2E)
-        m = l = None  # running max (BH, bq), base 2, and running sum of exp2(s - m): from the first tile
+        q_t = q_buffer[: BH * n * Dh].view(BH, n, Dh).copy_(q3[:, i0:i1]).mul_(scale)
+        m = l = None  # running max (BH, bq), natural units, and running sum of exp(s - m): from the first tile
         acc = acc_buffer[: BH * n * Dv].view(BH, n, Dv)  # (BH, bq, Dv), written by the first tile
         for j0, j1 in key_tiles:
             j0, j1 = vis.key_span(i0, i1, j0, j1)  # only keys some query of the tile may see
@@ -432,7 +433,7 @@ def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, b
             # exp(-inf - -inf) = NaN never happens; exp(-inf - 0) = 0 adds nothing. A bias of -inf can
             # hide a whole row of a tile that the mask shows, so with a bias the guard is always on.
             shift = m_new if (keep is True and bias is None) else torch.where(m_new == -math.inf, 0.0, m_new)
-            p = torch.exp2(s.sub_(shift[..., None]), out=s)  # in place: the one tile buffer
+            p = torch.exp2(s.sub_(shift[..., None]).mul_(_LOG2E), out=s)  # in place; s - m before base 2 (see _LOG2E)
             exact_v = finite_v or keep is True
             if not exact_v and keep is None:  # the structural keep-mask of this tile, for the exact slow path
                 keep = torch.isfinite(structural.cache[(*vis.band(i0, j0), i1 - i0, j1 - j0)])
@@ -444,7 +445,7 @@ def _tiled_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: int, b
                     acc.copy_(_seen_matmul(p, v_t, _flat_keep(keep, lead, p.shape)))
             else:
                 if not torch.equal(m_new, m):  # a row's maximum rose: rescale what was summed under the old one
-                    correction = torch.exp2(m - shift)  # (BH, bq)
+                    correction = torch.exp2((m - shift).mul_(_LOG2E))  # (BH, bq)
                     l.mul_(correction)
                     acc.mul_(correction[..., None])
                 l.add_(p.sum(dim=-1))
@@ -497,8 +498,8 @@ def _partial_tile_by_strips(q_t, k_t, v_t, m, l, acc, vis: Visibility, structura
         m_s, l_s, acc_s = m[:, a:b], l[:, a:b], acc[:, a:b]  # views: updated in place
         m_new = torch.maximum(m_s, s.amax(dim=-1))
         shift = torch.where(m_new == -math.inf, 0.0, m_new)  # a row with no visible key yet: shift by 0
-        p = torch.exp2(s.sub_(shift[..., None]), out=s)
-        correction = torch.exp2(m_s - shift)
+        p = torch.exp2(s.sub_(shift[..., None]).mul_(_LOG2E), out=s)
+        correction = torch.exp2((m_s - shift).mul_(_LOG2E))
         l_s.mul_(correction).add_(p.sum(dim=-1))
         acc_s.mul_(correction[..., None]).baddbmm_(p, v_s)  # += (BH, rows, keys) @ (BH, keys, Dv)
         m_s.copy_(m_new)
@@ -589,14 +590,14 @@ def _window_band_forward_base2(q, k, v, vis: Visibility, scale: float, block_q: 
         mask = mask.expand(n, bq, width)
         for h in range(BH):
             # the scaled queries, rounded as the backward rounds them (it recomputes the scores from them)
-            q_t = torch.mul(q3[h, i0:i1].view(n, bq, Dh).to(work), scale * _LOG2E,
+            q_t = torch.mul(q3[h, i0:i1].view(n, bq, Dh).to(work), scale,
                             out=q_buffer[: n * bq * Dh].view(n, bq, Dh))  # (n, bq, Dh)
             k_bands = k3[h, j0:j1].to(work).unfold(0, width, block_q)  # (n, Dh, width): block b's keys, transposed
             v_bands = v3[h, j0:j1].to(work).unfold(0, width, block_q).transpose(1, 2)  # (n, width, Dv)
             # mask + (n, bq, Dh) @ (n, Dh, width) -> (n, bq, width): base-2 scores, the hidden ones -inf
             s = torch.baddbmm(mask, q_t, k_bands, out=s_buffer[: n * bq * width].view(n, bq, width))
             m = torch.amax(s, dim=-1, out=row_max[h, i0:i1].view(n, bq))  # exact: the row's every key is here
-            p = s.sub_(m[..., None]).exp2_()  # in place: the one tile buffer
+            p = s.sub_(m[..., None]).mul_(_LOG2E).exp2_()  # in place; s - m before base 2 (see _LOG2E)
             l = torch.sum(p, dim=-1, out=row_sum[h, i0:i1].view(n, bq))  # >= 1 (the maximum's own exp2(0))
             rows_out = out[h, i0:i1].view(n, bq, Dv)
             acc = rows_out if acc_buffer is None else acc_buffer[: n * bq * Dv].view(n, bq, Dv)
@@ -648,16 +649,16 @@ def tiled_backward_torch(q, k, v, out, lse2, d_out, vis: Visibility, scale: floa
                          block_k: int, *, bias=None):
     """Gradients of q, k, v, recomputing each tile's weights from ``lse2`` (Dao 2023, Algorithm 2).
 
-    ``lse2`` is the base-2 log-sum-exp, ``lse * log2 e``, as the forward computed it, in its two
-    parts ``(m2, log2_l)``, each (..., T) (see :func:`_tiled_forward_base2`); a single (..., T) tensor
-    is taken as ``(lse2, 0)``. With
+    ``lse2`` is the log-sum-exp as the forward computed it, in its two parts ``(m2, log2_l)``
+    (``lse = m2 + log2_l * ln 2``; ``m2`` the row maximum in natural units), each (..., T) (see
+    :func:`_tiled_forward_base2`); a single (..., T) tensor is the natural lse, taken as ``(lse, 0)``. With
     ``P = exp(S - lse)``: ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - rowsum(dO * O))``,
     ``dQ = dS K * scale``, ``dK = dS^T Q * scale``. A query with ``lse = -inf`` (no visible key) has
     ``P = 0`` and so contributes zero gradients. The scores are recomputed from the same scaled
     queries as the torch forward's; with the forward's block sizes and the general loop (not the
     window's band kernel, and no ``backward_block_q`` of its own) the tiles and products are the
     forward's too, so the scores are the forward's bit for bit; otherwise the products have other
-    shapes and a score may differ in the last bit. ``P = exp2((s - m2) - log2_l)`` differs from the forward's weights
+    shapes and a score may differ in the last bit. ``P = exp2((s - m2) log2 e - log2_l)`` differs from the forward's weights
     only by the rounding of the stored ``log2_l`` (``|log2 l| <= log2 S``: about ``log2(S) * 6e-8``
     in float32), not by a rounding at the size of the scores (torch's own CPU flash backward stores
     ``m + log l`` rounded, about ``|lse| * 6e-8``). A NaN or inf stored at a query or key reaches only
@@ -696,14 +697,14 @@ def tiled_backward_torch(q, k, v, out, lse2, d_out, vis: Visibility, scale: floa
             if keep is not True:
                 k_t, v_t = _zero_unseen(k_t, v_t, keep)
             k_t, v_t = k_t.reshape(BH, j1 - j0, Dh), v_t.reshape(BH, j1 - j0, Dv)  # (..., bk, D) -> (BH, bk, D)
-            q_t, do_t = q3[:, i0:i1].to(work) * (scale * _LOG2E), do3[:, i0:i1].to(work)  # as the forward's q_t
+            q_t, do_t = q3[:, i0:i1].to(work) * scale, do3[:, i0:i1].to(work)  # as the forward's q_t
             s = torch.bmm(q_t, k_t.transpose(1, 2))  # (BH, bq, Dh) @ (BH, Dh, bk) -> (BH, bq, bk)
             if bias is not None:  # the forward's bias tile, added the same way: the same scores bit for bit
                 _add_bias_(s.view(*lead, *s.shape[-2:]), bias.tile(i0, i1, j0, j1))
             if keep is not True:
                 s.view(*lead, *s.shape[-2:]).masked_fill_(~keep, -math.inf)
             # the forward's weights; s - m first: exact for the scores that matter (near the max)
-            p = torch.exp2(s.sub_(m_safe[:, i0:i1, None]).sub_(log2_l_safe[:, i0:i1, None]), out=s)
+            p = torch.exp2(s.sub_(m_safe[:, i0:i1, None]).mul_(_LOG2E).sub_(log2_l_safe[:, i0:i1, None]), out=s)
             dv[:, j0:j1] += p.transpose(1, 2) @ do_t  # (BH, bk, bq) @ (BH, bq, Dv) -> (BH, bk, Dv)
             dp = do_t @ v_t.transpose(1, 2)  # (BH, bq, Dv) @ (BH, Dv, bk) -> (BH, bq, bk)
             ds = p.mul_(dp.sub_(delta[:, i0:i1, None]))  # dS = P * (dP - delta), in p's buffer
@@ -713,7 +714,7 @@ def tiled_backward_torch(q, k, v, out, lse2, d_out, vis: Visibility, scale: floa
                 bias.accumulate_grad_(ds, i0, i1, j0, j1)
             if keep is True or finite_qk:
                 dq[:, i0:i1] += (ds @ k_t) * scale  # (BH, bq, bk) @ (BH, bk, Dh) -> (BH, bq, Dh)
-                dk[:, j0:j1] += ds.transpose(1, 2) @ q_t  # (BH, bk, bq) @ (BH, bq, Dh); q_t holds scale log2 e
+                dk[:, j0:j1] += ds.transpose(1, 2) @ q_t  # (BH, bk, bq) @ (BH, bq, Dh); q_t holds q * scale
             else:  # slower, exact: ds @ k_t would compute 0 * NaN for the pairs the mask hides
                 flat = _flat_keep(keep, lead, ds.shape)
                 dq[:, i0:i1] += _seen_matmul(ds, k_t, flat) * scale
@@ -723,7 +724,6 @@ def tiled_backward_torch(q, k, v, out, lse2, d_out, vis: Visibility, scale: floa
 
 def _backward_result(q, k, v, dq, dk, dv):
     """The gradients in the shapes and dtypes of the inputs."""
-    dk.mul_(_LN2)  # the sums used q * scale * log2 e: one pass over dk instead of one per tile
     return (dq.view(q.shape).to(q.dtype), dk.view(k.shape).to(k.dtype),  # (BH, T, D) -> (..., T, D)
             dv.view(v.shape).to(v.dtype))
 
@@ -753,12 +753,12 @@ def _backward_fast(q3, k, v, do3, delta, m_safe, log2_l_safe, vis: Visibility, s
             structural.scores(q_t, k_t, i0, j0, s)
         else:
             torch.bmm(q_t, k_t.transpose(1, 2), out=s)  # (BH, bq, Dh) @ (BH, Dh, bk) -> (BH, bq, bk)
-        p = torch.exp2(s.sub_(m_safe[:, i0:i1, None]).sub_(log2_l_safe[:, i0:i1, None]), out=s)
+        p = torch.exp2(s.sub_(m_safe[:, i0:i1, None]).mul_(_LOG2E).sub_(log2_l_safe[:, i0:i1, None]), out=s)
         dv[:, j0:j1].baddbmm_(p.transpose(1, 2), do_t)  # += (BH, bk, bq) @ (BH, bq, Dv)
         dp = torch.bmm(do_t, v_t.transpose(1, 2), out=dp_buffer[: BH * n * w].view(BH, n, w))
         ds = p.mul_(dp.sub_(delta[:, i0:i1, None]))  # dS = P * (dP - delta), in p's buffer
         dq[:, i0:i1].baddbmm_(ds, k_t, alpha=scale)  # += (BH, bq, bk) @ (BH, bk, Dh) * scale
-        dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), q_t)  # += (BH, bk, bq) @ (BH, bq, Dh); q_t holds scale log2 e
+        dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), q_t)  # += (BH, bk, bq) @ (BH, bq, Dh); q_t holds q * scale
 
     for tile_j0, tile_j1 in _tiles(S, block_k):
         for i0, i1 in _tiles(T, block_q):
@@ -767,7 +767,7 @@ def _backward_fast(q3, k, v, do3, delta, m_safe, log2_l_safe, vis: Visibility, s
             if keep is False:
                 continue
             n = i1 - i0
-            q_t = q_buffer[: BH * n * Dh].view(BH, n, Dh).copy_(q3[:, i0:i1]).mul_(scale * _LOG2E)  # as the forward's
+            q_t = q_buffer[: BH * n * Dh].view(BH, n, Dh).copy_(q3[:, i0:i1]).mul_(scale)  # as the forward's
             do_t = do3[:, i0:i1].to(work)  # (BH, bq, Dv)
             if keep is True:
                 step(i0, i1, j0, j1, True, q_t, do_t)
@@ -838,15 +838,15 @@ class _TiledAttentionFunction(torch.autograd.Function):
                  else _tiled_forward_base2)
         if forward is tiled_forward_torch and n_groups > 1:  # heads split over the CPU's threads
             out, m2, log2_l = _forward_by_head_groups(base2, q, k, v, vis, scale, block_q, block_k, n_groups)
-            lse = torch.add(m2, log2_l).mul_(_LN2) if with_lse else None  # (..., T), the lse's own buffer
+            lse = torch.add(m2, log2_l, alpha=_LN2) if with_lse else None  # (..., T), the lse's own buffer
         elif forward is tiled_forward_torch:  # keep the loop's own base-2 lse: the backward needs it exact
             out, m2, log2_l = base2(q, k, v, vis, scale, block_q, block_k, bias=tile_bias)
-            lse = torch.add(m2, log2_l).mul_(_LN2) if with_lse else None
+            lse = torch.add(m2, log2_l, alpha=_LN2) if with_lse else None
         else:  # the Triton kernel works in natural log
             out, lse = forward(q, k, v, vis, scale, block_q, block_k)
             backward = pick_backward(q, vis)
             if backward is tiled_backward_torch:
-                m2, log2_l = lse * _LOG2E, torch.zeros_like(lse)
+                m2, log2_l = lse, torch.zeros_like(lse)
             else:  # the Triton backward takes the kernel's natural-log lse as it is: no conversion
                 # a copy only if the lse is returned: the caller may change it in place
                 m2, log2_l = (lse.clone() if with_lse else lse), None

@@ -321,8 +321,8 @@ def triton_backward(q, k, v, out, lse, d_out, vis, scale: float, block_q: int = 
     if not finite or min(q.numel(), k.numel(), v.numel()) == 0:
         from .tiled import tiled_backward_torch
 
-        # the torch loop takes the base-2 log-sum-exp: lse * log2 e
-        return tiled_backward_torch(q, k, v, out, lse / math.log(2.0), d_out, vis, scale, block_q, block_k)
+        # the torch loop takes the natural log-sum-exp as (row maximum, log2 l) = (lse, 0)
+        return tiled_backward_torch(q, k, v, out, lse, d_out, vis, scale, block_q, block_k)
     *batch, T, Dh = q.shape
     S, Dv = k.shape[-2], v.shape[-1]
     BH = math.prod(batch)

@@ -115,6 +115,14 @@ class PagedKVCache:
     stores its token ``t`` in physical block ``block_table(s)[t // block_size]``, slot
     ``t % block_size``. Slots past a sequence's length are never read.
 
+    Gradients behave as :class:`~selfattn.efficient.KVCache`'s: the pools hold plain copies and are
+    never part of the autograd graph (appends write them under ``torch.no_grad``, so one step's
+    backward never runs through another step's write, and backward passes may follow each other and
+    further appends); an appended ``k_new``/``v_new`` that requires grad (grad mode on) is remembered
+    with its positions, and :func:`paged_attention` (grad mode on) sends each read position's gradient
+    to the tensor it was appended from, as the concatenated keys of ``KVCache`` do. :meth:`free`
+    forgets them.
+
     Args:
         n_blocks, block_size, n_kv_heads, d_head: positive ints.
         dtype: a floating dtype (default float32). device: where the pools live.
@@ -152,6 +160,9 @@ class PagedKVCache:
             ) from e
         self._tables: dict[Hashable, list[int]] = {}
         self._lengths: dict[Hashable, int] = {}
+        # seq_id -> [(start, k_new, v_new)]: the appends that require grad, whose positions' gradients
+        # paged_attention routes back to them (the pools themselves stay out of the autograd graph)
+        self._sources: dict[Hashable, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
 
     @property
     def dtype(self) -> torch.dtype:
@@ -220,9 +231,14 @@ class PagedKVCache:
         table = table + self.allocator.allocate(math.ceil((start + T_new) / b) - len(table))  # may raise
         pos = torch.arange(start, start + T_new, device=self.device)  # (T_new,) logical positions
         blocks = torch.tensor(table, dtype=torch.long, device=self.device)[pos // b]  # (T_new,) physical block
-        # pool[blocks, :, slots] indexes (T_new, Hkv, Dh): the new positions first, then heads and width
-        self.k_pool[blocks, :, pos % b] = k_new.transpose(0, 1)  # (Hkv, T_new, Dh) -> (T_new, Hkv, Dh)
-        self.v_pool[blocks, :, pos % b] = v_new.transpose(0, 1)
+        # pool[blocks, :, slots] indexes (T_new, Hkv, Dh): the new positions first, then heads and width.
+        # Plain copies, outside autograd: an in-place write of a tensor that requires grad would make the
+        # pool a node of every later step's graph (a second backward ran into the first one's freed graph)
+        with torch.no_grad():
+            self.k_pool[blocks, :, pos % b] = k_new.transpose(0, 1)  # (Hkv, T_new, Dh) -> (T_new, Hkv, Dh)
+            self.v_pool[blocks, :, pos % b] = v_new.transpose(0, 1)
+        if torch.is_grad_enabled() and (k_new.requires_grad or v_new.requires_grad):
+            self._sources.setdefault(seq_id, []).append((start, k_new, v_new))
         self._tables[seq_id], self._lengths[seq_id] = table, start + T_new
         return start + T_new
 
@@ -239,11 +255,40 @@ class PagedKVCache:
         self._known(seq_id)
         self.allocator.free(self._tables.pop(seq_id))
         del self._lengths[seq_id]
+        self._sources.pop(seq_id, None)
+
+    def _read_block(self, seq_id, block: int, j0: int, j1: int):
+        """Keys and values (Hkv, j1 - j0, Dh) of logical positions [j0, j1) from physical ``block``; in grad
+        mode, differentiable with respect to the appended tensors that hold those positions."""
+        k, v = self.k_pool[block, :, : j1 - j0], self.v_pool[block, :, : j1 - j0]  # views of the pools
+        if not torch.is_grad_enabled():
+            return k, v
+        for start, k_src, v_src in self._sources.get(seq_id, ()):
+            o0, o1 = max(j0, start), min(j1, start + k_src.shape[1])  # the positions this append holds here
+            if o0 < o1:
+                k, v = _RouteGrad.apply(k, v, k_src[:, o0 - start:o1 - start], v_src[:, o0 - start:o1 - start],
+                                        o0 - j0, o1 - j0)
+        return k, v
 
     def usage(self) -> CacheUsage:
         """:class:`CacheUsage`: slots allocated against tokens stored."""
         used = sum(len(t) for t in self._tables.values())
         return CacheUsage(self.allocator.n_blocks, used, used * self.block_size, sum(self._lengths.values()))
+
+
+class _RouteGrad(torch.autograd.Function):
+    """``(k, v)`` unchanged (copies), whose positions [lo, hi) hold the values of ``k_src``, ``v_src``
+    (Hkv, hi - lo, Dh): their gradient goes to ``k_src``, ``v_src`` as well as through ``k``, ``v``."""
+
+    @staticmethod
+    def forward(ctx, k, v, k_src, v_src, lo: int, hi: int):
+        ctx.lo, ctx.hi = lo, hi
+        return k.clone(), v.clone()  # not the pool's views: later appends write the pool in place
+
+    @staticmethod
+    def backward(ctx, dk, dv):
+        lo, hi = ctx.lo, ctx.hi
+        return dk, dv, dk[:, lo:hi], dv[:, lo:hi], None, None
 
 
 def paged_caches(n_layers: int, n_blocks: int, block_size: int, n_kv_heads: int, d_head: int, *,
@@ -276,7 +321,9 @@ def paged_attention(q: torch.Tensor, cache: PagedKVCache, seq_id, *, scale: floa
             beyond rounding.
 
     Returns:
-        ``context`` (H, T, Dh) in the dtype of ``q``.
+        ``context`` (H, T, Dh) in the dtype of ``q``. Differentiable with respect to ``q`` and, in grad
+        mode, to the ``k_new``/``v_new`` appended with grad (see :class:`PagedKVCache`), as
+        ``cached_attention`` is; the pools are never part of the graph.
 
     Raises:
         TypeError: ``cache`` not a PagedKVCache, ``q`` not a tensor or not of the cache's dtype.
@@ -303,8 +350,8 @@ def paged_attention(q: torch.Tensor, cache: PagedKVCache, seq_id, *, scale: floa
     partials = []
     for i, block in enumerate(cache.block_table(seq_id)):
         j0, j1 = i * b, min((i + 1) * b, S)  # logical positions held by this block
-        k_blk = cache.k_pool[block, :, : j1 - j0].repeat_interleave(group, dim=0)  # (Hkv, n, Dh) -> (H, n, Dh)
-        v_blk = cache.v_pool[block, :, : j1 - j0].repeat_interleave(group, dim=0)
+        k_blk, v_blk = cache._read_block(seq_id, block, j0, j1)  # (Hkv, n, Dh) each
+        k_blk, v_blk = k_blk.repeat_interleave(group, dim=0), v_blk.repeat_interleave(group, dim=0)  # (H, n, Dh)
         keep = None if j1 - 1 <= S - T else torch.arange(j0, j1, device=q.device)[None, :] <= q_pos  # (T, n)
         partials.append(_partial(q, k_blk, v_blk, keep, scale))
     context, _ = finalize(reduce_partials(partials, order))
