@@ -59,7 +59,7 @@ def _makefile_torch_version() -> str:
 
 def test_requirements_match_pyproject_dependencies():
     deps = _pyproject()["project"]["dependencies"]
-    assert sorted(str(r) for r in _requirements(ROOT / "requirements.txt")) == sorted(deps)
+    assert sorted(str(r) for r in _requirements(ROOT / "requirements.txt")) == sorted(str(Requirement(d)) for d in deps)
 
 
 def test_requirements_take_torch_from_the_cpu_index():

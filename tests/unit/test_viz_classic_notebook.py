@@ -108,3 +108,48 @@ def test_figures_draw_in_a_classic_notebook_page_offline(reply_ms):
                 .filter((el) => el.textContent.includes('needs plotly.js')).length""") == 0
         finally:
             browser.close()
+
+
+@pytest.mark.slow
+def test_a_figure_rendered_before_its_output_widget_joins_the_page_draws_when_it_does():
+    """Issue 31, item 5: a live explorer (an ``interactive_output`` Output widget) stayed blank in
+    Classic Notebook 6 until a control moved. Its first figure is in the Output widget's state when
+    the widget is displayed, and Classic Notebook renders those outputs (running their scripts, as
+    jQuery does: in a script element of its own, in the head) into the widget's view *before* it
+    puts the view in the page, so the figure's script found no element and gave up."""
+    path = os.environ.get("SELFATTN_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if path is None:
+        if os.environ.get("CI", "").lower() in ("true", "1"):
+            pytest.fail("chromium is not installed (CI=true: the browser tests must run in CI)")
+        pytest.skip("chromium is not installed")
+    markup = _bundle()["text/html"]
+    expression = _expression(markup)
+    answer = DisplayFormatter().format(eval(expression))[0]["application/javascript"]
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=path, headless=True, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.route("**/*", lambda route: route.abort())  # offline: no host at all
+            page.set_content(CLASSIC_PAGE)
+            page.evaluate("([expr, code]) => { window.answers = {[expr]: code}; window.replyDelay = 10; }",
+                          [expression, answer])
+            page.evaluate("""(markup) => {
+              const view = document.createElement("div");  // the widget's view, not yet in the page
+              view.innerHTML = markup;
+              view.querySelectorAll("script").forEach((old) => {  // jQuery's DOMEval
+                const s = document.createElement("script");
+                s.text = old.textContent;
+                document.head.appendChild(s).parentNode.removeChild(s);
+                old.remove();
+              });
+              window.widgetView = view;
+            }""", markup)
+            page.wait_for_timeout(500)  # the view joins the page once the widget manager is done
+            assert page.evaluate("document.querySelectorAll('.plotly-graph-div').length") == 0
+            page.evaluate("document.getElementById('out').appendChild(window.widgetView)")
+            page.wait_for_function("document.querySelectorAll('.plotly-graph-div .main-svg').length >= 1",
+                                   timeout=20_000)
+            assert page.evaluate("window.kernelCalls.length") == 1
+        finally:
+            browser.close()

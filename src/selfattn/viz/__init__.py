@@ -90,10 +90,16 @@ class BookRenderer(MimetypeRenderer):
 (function () {{
   var spec = {payload};
   var config = {json.dumps(_PLOTLY_CONFIG)};
+  var asked = false;
   function draw(tries) {{
     var el = document.getElementById("{div_id}");
-    if (!el) return;
-    if (!window.Plotly && tries === 0) {{ {_CLASSIC_PLOTLYJS_JS}(); }}
+    if (!el) {{
+      // Not in the page yet: Classic Notebook 6 renders an Output widget's outputs (a live
+      // explorer's first view) before it puts the widget in the page. Wait for it (10 s at most).
+      if (tries < 200) {{ setTimeout(function () {{ draw(tries + 1); }}, 50); }}
+      return;
+    }}
+    if (!window.Plotly && !asked) {{ asked = true; {_CLASSIC_PLOTLYJS_JS}(); }}
     if (window.Plotly) {{
       window.Plotly.newPlot(el, spec.data, spec.layout, config).then(function () {{
         if (spec.frames && spec.frames.length) {{ return window.Plotly.addFrames(el, spec.frames); }}
