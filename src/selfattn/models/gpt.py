@@ -368,7 +368,15 @@ class GPT(nn.Module):
             position_ids = _require_position_ids(position_ids, input_ids)
         T = input_ids.shape[1]
         tokens = self.token_embedding(input_ids)  # (B, T, D)
-        plans = [cache.plan(T, self.positions, tokens.device) for cache in caches]
+        if all(isinstance(c, _GrowingCache) for c in caches):
+            # the model's own caches: a plan depends only on the cache's length, so equal lengths are
+            # equal plans (compared as ints: no mask comparison, no device-to-host sync)
+            plans = [caches[0].plan(T, self.positions, tokens.device)]
+            if len({len(c.cache) for c in caches}) != 1:
+                raise ValueError(f"caches must all hold the same number of positions; got lengths "
+                                 f"{[len(c.cache) for c in caches]}")
+        else:
+            plans = [cache.plan(T, self.positions, tokens.device) for cache in caches]
         plan = plans[0]  # where the new positions sit, the same for every layer
         if len({p.text_start for p in plans}) != 1:
             raise ValueError(f"caches must all hold the same number of positions; got lengths "
