@@ -151,6 +151,11 @@ def _scores(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor | None) -> torc
     (no data-dependent branch: that would be a device-to-host sync and a graph break)."""
     if keep is None or not torch.is_grad_enabled() or not (q.requires_grad or k.requires_grad):
         return q @ k.transpose(-2, -1)  # (..., T, Dh) @ (..., Dh, S) -> (..., T, S)
+    # Eager on the CPU there is no host to sync with: finite q and k (the common case) take the plain
+    # product, whose backward is one product per gradient instead of _MaskedScores' guarded three.
+    if (q.device.type == "cpu" and not torch.compiler.is_compiling()
+            and bool(torch.isfinite(q).all() & torch.isfinite(k).all())):
+        return q @ k.transpose(-2, -1)  # (..., T, Dh) @ (..., Dh, S) -> (..., T, S)
     return _MaskedScores.apply(q, k, keep)
 
 
@@ -164,8 +169,12 @@ def _read_values(weights: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | No
     """
     if keep is None:
         return weights @ v  # (..., T, S) @ (..., S, Dv) -> (..., T, Dv)
-    # Always the guarded product (on finite values it equals ``weights @ v``): asking whether v is
-    # finite would be a device-to-host sync and a graph break under torch.compile.
+    # On an accelerator, or while torch.compile traces, the guarded product is always taken (on finite
+    # values it equals ``weights @ v``): asking whether v is finite would be a device-to-host sync and a
+    # graph break. In eager mode on the CPU there is no host to sync with, and the question costs one
+    # pass over v, against two more matrix products (measured ~1.9x slower for a causal T = 256 call).
+    if v.device.type == "cpu" and not torch.compiler.is_compiling() and bool(torch.isfinite(v).all()):
+        return weights @ v  # (..., T, S) @ (..., S, Dv) -> (..., T, Dv)
     keep = keep.expand(weights.shape)  # a broadcast mask as full (..., T, S), so that it can be a matmul operand
     bad = ~torch.isfinite(v)  # (..., S, Dv)
     zero = torch.zeros((), dtype=v.dtype, device=v.device)
