@@ -28,7 +28,9 @@ def _require_ids(name: str, ids, upper: int, what: str) -> None:
     require_rank(name, ids, 2, "(B, T)")
     if ids.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{name} must be an int64 or int32 tensor; got dtype {ids.dtype}")
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= upper):
+    # Not while torch.compile traces: reading min and max is a device-to-host sync and a graph break
+    # (an id out of range still fails, in the lookup itself).
+    if ids.numel() and not torch.compiler.is_compiling() and (int(ids.min()) < 0 or int(ids.max()) >= upper):
         raise ValueError(
             f"{name} must be in [0, {what}={upper}); got min {int(ids.min())}, max {int(ids.max())} "
             f"in a tensor of shape {shape_of(ids)}"

@@ -310,6 +310,20 @@ def apply_rope(
     return out.to(x.dtype)
 
 
+def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, work) -> torch.Tensor:
+    """The rotation of :func:`apply_rope` (the same operations) with ``cos``, ``sin`` (T, Dh/2) already
+    in the ``work`` dtype on x's device; no checks."""
+    Dh = x.shape[-1]
+    xw = x.to(work)
+    if layout == "half":
+        a, b = xw[..., : Dh // 2], xw[..., Dh // 2 :]  # (..., T, Dh/2) each: pair i = (i, i + Dh/2)
+        out = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+    else:
+        a, b = xw[..., 0::2], xw[..., 1::2]  # pair i = (2i, 2i + 1)
+        out = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+    return out.to(x.dtype)
+
+
 def rope_interleaved_to_half(d_head: int) -> torch.Tensor:
     """The permutation ``perm`` (Dh,) int64 with ``x_half = x_interleaved[..., perm]``.
 
@@ -576,13 +590,33 @@ class RotaryPositions(PositionScheme):
         self.layout = layout
         rope_cos_sin([0], self.d_head, base=self.base, interpolation=interpolation)  # validates it
         self.interpolation = float(interpolation)
+        self._tables: dict = {}  # (device, dtype) -> (cos, sin); not buffers: no state_dict entry, no .to()
 
     def rotate(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """``apply_rope(x, start .. start+T-1)`` with the same numbers, from a cos/sin table kept per
+        device and dtype (grown by doubling; computed as :func:`rope_cos_sin`, in float64 on the CPU,
+        then converted once): a decode step neither recomputes the angles nor copies them to the device."""
         # Dh is checked here: apply_rope alone would happily rotate a head of another width.
         _require_features("x", x, self.d_head, "Dh", "(B, H, T, Dh)")
         start = _require_start(start)
-        positions = torch.arange(start, start + x.shape[-2])  # on the CPU: no device-to-host copy
-        return apply_rope(x, positions, base=self.base, layout=self.layout, interpolation=self.interpolation)
+        T = x.shape[-2]
+        work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+        cos, sin = self._table(start + T, x.device, work)  # (N, Dh/2) each, N >= start + T
+        return _rotate_pairs(x, cos[start : start + T], sin[start : start + T], self.layout, work)
+
+    def _table(self, n: int, device, dtype):
+        """cos and sin of positions 0 .. N-1 (N >= n), (N, Dh/2) each, in ``dtype`` on ``device``."""
+        tables = self._tables
+        key = (torch.device(device), dtype)
+        table = tables.get(key)
+        if table is None or table[0].shape[0] < n:
+            size = max(n, 2 * (0 if table is None else table[0].shape[0]), 64)
+            theta = self.base ** (-torch.arange(0, self.d_head, 2, dtype=torch.float64) / self.d_head)  # (Dh/2,)
+            p = torch.arange(size, dtype=torch.float64) / self.interpolation  # (N,), as rope_cos_sin
+            angles = p[:, None] * theta[None, :]  # (N, Dh/2), float64 on the CPU
+            table = (torch.cos(angles).to(device=device, dtype=dtype), torch.sin(angles).to(device=device, dtype=dtype))
+            tables[key] = table
+        return table
 
     def extra_repr(self) -> str:
         return f"d_head={self.d_head}, base={self.base}, layout={self.layout!r}, interpolation={self.interpolation}"

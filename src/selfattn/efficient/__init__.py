@@ -5,10 +5,11 @@
 - :func:`sliding_window_attention`, :func:`sliding_window_tiled_attention`: sparse (banded) attention.
 - :func:`linear_attention`, :func:`linear_attention_recurrent`, :func:`linear_attention_chunkwise`:
   kernelized linear attention (parallel, recurrent, chunkwise).
-- :class:`KVCache`, :func:`cached_attention`: decoding one token at a time.
+- :class:`KVCache`, :class:`StaticKVCache` (preallocated, written in place), :func:`cached_attention`:
+  decoding one token at a time.
 """
 
-from .kv_cache import KVCache, cached_attention
+from .kv_cache import KVCache, StaticKVCache, cached_attention
 from .tiled import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Visibility, tiled_attention
 from .variants import (
     FEATURE_MAPS,
@@ -33,5 +34,6 @@ __all__ = [
     "linear_attention_chunkwise",
     "FEATURE_MAPS",
     "KVCache",
+    "StaticKVCache",
     "cached_attention",
 ]

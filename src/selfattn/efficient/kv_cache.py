@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import require_min_rank, require_tensor, shape_of
+from .._validate import require_min_rank, require_positive_int, require_tensor, shape_of
 from ..attention import scaled_dot_product_attention
 from ..masks import causal_mask
 
-__all__ = ["KVCache", "cached_attention"]
+__all__ = ["KVCache", "StaticKVCache", "cached_attention"]
 
 
 class KVCache:
@@ -73,6 +73,87 @@ class KVCache:
         self.k, self.v = self.extended(k_new, v_new)
         return self.k, self.v
 
+    def _commit(self, k, v, k_new, v_new) -> None:
+        """Store the checked result ``k``, ``v`` of :meth:`extended` (``k_new``, ``v_new`` added)."""
+        self.k, self.v = k, v
+
+
+class StaticKVCache(KVCache):
+    """A :class:`KVCache` whose keys and values live in buffers of ``capacity`` positions, allocated
+    at the first ``append`` and written in place: a step copies only its new positions, never the
+    whole cache (``KVCache.append`` concatenates, O(S) bytes per step). ``k`` and ``v`` are views of
+    the first ``len(cache)`` positions, so what ``append`` returns equals what a ``KVCache`` returns.
+    The same idea as ``transformers``' ``StaticCache``; :meth:`selfattn.models.gpt.GPT.generate` uses
+    one per layer with ``capacity`` = prompt + new tokens.
+
+    Args:
+        capacity: the most positions it will hold (> 0).
+
+    Raises:
+        TypeError / ValueError: a ``capacity`` that is not a positive int; from ``append``, as
+        :meth:`KVCache.extended`, and ValueError past ``capacity``. A failed ``append`` leaves the
+        cache unchanged.
+
+    Source: chapter 10 (the cache); issue 30 (no per-step copies).
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = require_positive_int("capacity", capacity)
+        self._k: torch.Tensor | None = None  # (..., capacity, Dh) once allocated
+        self._v: torch.Tensor | None = None
+        self._length = 0
+
+    def __len__(self) -> int:
+        return self._length
+
+    @property
+    def k(self) -> torch.Tensor | None:
+        return None if self._k is None else self._k[..., : self._length, :]  # a view: (..., S, Dh)
+
+    @property
+    def v(self) -> torch.Tensor | None:
+        return None if self._v is None else self._v[..., : self._length, :]  # (..., S, Dv)
+
+    def append(self, k_new: torch.Tensor, v_new: torch.Tensor):
+        """Write ``k_new``, ``v_new`` (..., T_new, D) after the cached positions, in place, and return
+        views of all keys and values (..., S, Dh), (..., S, Dv). Checks first (as :meth:`KVCache.extended`,
+        and the capacity); the views stay valid until the next ``append``."""
+        self._check(k_new, v_new)
+        return self._write(k_new, v_new)
+
+    def extended(self, k_new: torch.Tensor, v_new: torch.Tensor):
+        """As :meth:`KVCache.extended` (a new tensor, nothing stored), with the capacity checked too."""
+        self._check(k_new, v_new)
+        return KVCache.extended(self, k_new, v_new)
+
+    def _check(self, k_new, v_new) -> None:
+        require_tensor("k_new", k_new)
+        require_tensor("v_new", v_new)
+        require_min_rank("k_new", k_new, 2, "(..., T_new, Dh)")
+        require_min_rank("v_new", v_new, 2, "(..., T_new, Dv)")
+        if k_new.shape[-2] != v_new.shape[-2]:
+            raise ValueError(f"k_new {shape_of(k_new)} and v_new {shape_of(v_new)} must hold the same number "
+                             "T_new of new positions (dim -2)")
+        KVCache.extended(self, k_new[..., :0, :], v_new[..., :0, :])  # its checks, on empty views: no copy
+        if k_new.shape[-2] > self.capacity - self._length:
+            raise ValueError(f"the cache holds {self._length} of {self.capacity} positions; k_new adds "
+                             f"{k_new.shape[-2]} more (shape {shape_of(k_new)}): make it with a larger capacity")
+
+    def _commit(self, k, v, k_new, v_new) -> None:
+        self._write(k_new, v_new)
+
+    def _write(self, k_new: torch.Tensor, v_new: torch.Tensor):
+        """:meth:`append` without the checks (for callers that made them once, e.g. ``generate``)."""
+        if self._k is None:
+            lead = k_new.shape[:-2]
+            self._k = k_new.new_empty(*lead, self.capacity, k_new.shape[-1])  # (..., capacity, Dh)
+            self._v = v_new.new_empty(*lead, self.capacity, v_new.shape[-1])  # (..., capacity, Dv)
+        start, stop = self._length, self._length + k_new.shape[-2]
+        self._k[..., start:stop, :] = k_new  # in place: only the new positions are copied
+        self._v[..., start:stop, :] = v_new
+        self._length = stop
+        return self._k[..., :stop, :], self._v[..., :stop, :]  # views, (..., S, Dh) and (..., S, Dv)
+
 
 def cached_attention(q_new, k_new, v_new, cache: KVCache, *, scale: float | None = None):
     """Causal attention of the newest ``T_new`` positions over everything cached so far.
@@ -111,5 +192,5 @@ def cached_attention(q_new, k_new, v_new, cache: KVCache, *, scale: float | None
         raise ValueError(f"q_new, k_new and v_new must hold at least one new position (T_new > 0); got q_new {shape_of(q_new)}")
     keep = causal_mask(q_new.shape[-2], k.shape[-2], alignment="bottom_right", device=q_new.device)
     context = scaled_dot_product_attention(q_new, k, v, keep, scale=scale)
-    cache.k, cache.v = k, v  # stored only once the attention has succeeded
+    cache._commit(k, v, k_new, v_new)  # stored only once the attention has succeeded
     return context

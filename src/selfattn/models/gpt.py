@@ -37,13 +37,12 @@ from .._validate import (
     require_tensor,
     shape_of,
 )
-from ..attention import scaled_dot_product_attention
+from ..attention import _attend, scaled_dot_product_attention
 from ..block import BlockConfig, TransformerBlock
 from ..data import random_windows
-from ..efficient import KVCache
+from ..efficient import KVCache, StaticKVCache
 from ..embeddings import TokenEmbedding
 from ..masks import causal_mask, from_hf_attention_mask
-from ..multihead import merge_heads, split_heads
 from ..positions import POSITION_SCHEMES, make_positions
 from ..sampling import (
     _require_generator,
@@ -158,7 +157,9 @@ class CachePlan:
             the queries sit at ``start .. start+T-1``.
         n_keys: S, the number of keys (cached and new) that ``update`` returns, which the scheme's
             ``score_bias`` places at positions ``0 .. S-1``.
-        keep: (T, S) bool, True where new query t may read key s (in the order ``update`` returns).
+        keep: (T, S) bool, True where new query t may read key s (in the order ``update`` returns); or
+            None when every new query may read every key (one new query at the end of a causal cache:
+            the attention then takes its unmasked path, whose numbers are the same).
 
     Source: chapter 11.
     """
@@ -169,8 +170,11 @@ class CachePlan:
     keep: torch.Tensor
 
     def same_as(self, other: CachePlan) -> bool:
-        return (self.text_start, self.start, self.n_keys) == (other.text_start, other.start, other.n_keys) and (
-            self.keep.shape == other.keep.shape and bool(torch.equal(self.keep, other.keep)))
+        if (self.text_start, self.start, self.n_keys) != (other.text_start, other.start, other.n_keys):
+            return False
+        if self.keep is None or other.keep is None:
+            return self.keep is other.keep
+        return self.keep.shape == other.keep.shape and bool(torch.equal(self.keep, other.keep))
 
 
 class _GrowingCache:
@@ -185,12 +189,22 @@ class _GrowingCache:
     def plan(self, T: int, scheme, device) -> CachePlan:
         start = len(self.cache)  # the new positions are start .. start+T-1
         S = start + T  # keys: every cached position and the new ones
+        if T == 1:  # one new query, the last position: it sees every key, no mask needed
+            return CachePlan(start, start, S, None)
         # The new queries are the last T of S positions: bottom-right causal alignment (T == S
         # without a cache: the ordinary lower-triangular mask).
         return CachePlan(start, start, S, causal_mask(T, S, alignment="bottom_right", device=device))
 
     def update(self, k_new, v_new, rotate):
         return self.cache.append(rotate(k_new, len(self.cache)), v_new)  # (B, H, S, Dh) each
+
+
+class _StaticCache(_GrowingCache):
+    """A :class:`~selfattn.efficient.StaticKVCache` that :meth:`GPT.generate` made for itself, and so
+    writes without the per-layer checks (the shapes are the model's own)."""
+
+    def update(self, k_new, v_new, rotate):
+        return self.cache._write(rotate(k_new, len(self.cache)), v_new)  # views, (B, H, S, Dh) each
 
 
 def _as_protocol(cache, i: int):
@@ -354,7 +368,15 @@ class GPT(nn.Module):
             position_ids = _require_position_ids(position_ids, input_ids)
         T = input_ids.shape[1]
         tokens = self.token_embedding(input_ids)  # (B, T, D)
-        plans = [cache.plan(T, self.positions, tokens.device) for cache in caches]
+        if all(isinstance(c, _GrowingCache) for c in caches):
+            # the model's own caches: a plan depends only on the cache's length, so equal lengths are
+            # equal plans (compared as ints: no mask comparison, no device-to-host sync)
+            plans = [caches[0].plan(T, self.positions, tokens.device)]
+            if len({len(c.cache) for c in caches}) != 1:
+                raise ValueError(f"caches must all hold the same number of positions; got lengths "
+                                 f"{[len(c.cache) for c in caches]}")
+        else:
+            plans = [cache.plan(T, self.positions, tokens.device) for cache in caches]
         plan = plans[0]  # where the new positions sit, the same for every layer
         if len({p.text_start for p in plans}) != 1:
             raise ValueError(f"caches must all hold the same number of positions; got lengths "
@@ -371,8 +393,15 @@ class GPT(nn.Module):
             scheme = _PerTokenPositions(self.positions, position_ids)
         keep = plan.keep
         if attention_mask is not None:
-            keep = keep & _keep_from_attention_mask(attention_mask.to(keep.device), input_ids.shape[0],
-                                                    self.config.n_heads, T, plan.n_keys)  # (B, H or 1, T, S)
+            given = _keep_from_attention_mask(attention_mask.to(tokens.device), input_ids.shape[0],
+                                              self.config.n_heads, T, plan.n_keys)  # (B, H or 1, T, S)
+            keep = given if keep is None else keep & given.to(keep.device)
+        return self._forward_new(tokens, caches, plan, keep, scheme)
+
+    def _forward_new(self, tokens: torch.Tensor, caches: list, plan: CachePlan, keep, scheme):
+        """:meth:`_run` after its checks: embeddings ``tokens`` (B, T, D) of the new positions -> logits,
+        weights. No argument checks and no device-to-host sync (one decode step of :meth:`generate`)."""
+        T = tokens.shape[1]
         x = scheme.add_absolute(tokens, plan.text_start)  # (B, T, D)
         # ALiBi's bias in float32 at least: in bfloat16, -s * d near d = 500 would be rounded to steps of 2
         bias_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
@@ -395,17 +424,23 @@ class GPT(nn.Module):
         """
         attn = block.attn
         scheme = self.positions if scheme is None else scheme  # a _PerTokenPositions with position_ids
+        B, T, D = h.shape
         H = attn.config.n_heads
-        Q = split_heads(h @ attn.W_Q + attn.b_Q, H)  # (B, T, D) -> (B, H, T, Dh)
-        K_new = split_heads(h @ attn.W_K + attn.b_K, H)  # (B, T, D) -> (B, H, T, Dh)
-        V_new = split_heads(h @ attn.W_V + attn.b_V, H)  # (B, T, D) -> (B, H, T, Dh)
+        # split_heads and merge_heads inlined, without their checks (the shapes are the model's own)
+        Q = (h @ attn.W_Q + attn.b_Q).view(B, T, H, D // H).transpose(1, 2)  # (B, T, D) -> (B, H, T, Dh)
+        K_new = (h @ attn.W_K + attn.b_K).view(B, T, H, D // H).transpose(1, 2)  # (B, H, T, Dh)
+        V_new = (h @ attn.W_V + attn.b_V).view(B, T, H, D // H).transpose(1, 2)  # (B, H, T, Dh)
         Q = scheme.rotate(Q, start)  # at positions start .. start+T-1 (or position_ids)
         K, V = cache.update(K_new, V_new, scheme.rotate)  # rotated keys, values: (B, H, S, Dh) each
         dropout_p = attn.config.dropout if self.training else 0.0
-        context, weights = scaled_dot_product_attention(
-            Q, K, V, keep, bias=bias, dropout_p=dropout_p, return_weights=True
-        )  # context (B, H, T, Dh), weights (B, H, T, S)
-        return merge_heads(context) @ attn.W_O + attn.b_O, weights  # (B, T, D) @ (D, D) -> (B, T, D)
+        if isinstance(cache, _GrowingCache):  # the model's own caches: K, V and keep are well formed
+            context, weights = _attend(Q, K, V, keep, bias, None, dropout_p)
+        else:  # another cache's keys, values and plan: checked
+            context, weights = scaled_dot_product_attention(
+                Q, K, V, keep, bias=bias, dropout_p=dropout_p, return_weights=True
+            )  # context (B, H, T, Dh), weights (B, H, T, S)
+        context = context.transpose(1, 2).reshape(B, T, D)  # (B, H, T, Dh) -> (B, T, H, Dh) -> (B, T, D)
+        return context @ attn.W_O + attn.b_O, weights  # (B, T, D) @ (D, D) -> (B, T, D)
 
     def forward(self, input_ids: torch.Tensor, *, return_weights: bool = False, attention_mask=None,
                 position_ids=None):
@@ -507,7 +542,9 @@ class GPT(nn.Module):
                 T0 + max_new_tokens <= block_size.
             temperature: > 0; below 1 sharpens, above 1 flattens the distribution.
             greedy: argmax instead of sampling. generator: for reproducible samples.
-            use_cache: decode with a :class:`KVCache` per layer.
+            use_cache: decode with a cache per layer: a :class:`~selfattn.efficient.StaticKVCache` of
+                capacity T0 + max_new_tokens, written in place (no copy of the cache per step, and no
+                argument check after the first step), unless ``make_cache`` or ``attention_mask`` is given.
             top_k: sample among the k most probable tokens (None: all). top_p: among the smallest set
                 whose probability reaches p (None or 1: all).
             make_cache: with ``use_cache``, a callable that returns a fresh cache for one layer (e.g.
@@ -563,8 +600,13 @@ class GPT(nn.Module):
                 temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator))
             self.train(was_training)
             return out
+        if use_cache and make_cache is None:
+            out = self._generate_static(input_ids, n_new, dict(
+                temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator))
+            self.train(was_training)
+            return out
         ids = input_ids
-        caches = [(make_cache or KVCache)() for _ in self.blocks] if use_cache else None
+        caches = [make_cache() for _ in self.blocks] if use_cache else None
         step_input = ids
         if make_cache is not None and ids.shape[1] > 1:  # the prompt one token at a time, all but the last
             for t in range(ids.shape[1] - 1):
@@ -581,6 +623,26 @@ class GPT(nn.Module):
             step_input = next_id
         self.train(was_training)
         return ids
+
+    def _generate_static(self, input_ids, n_new: int, how: dict) -> torch.Tensor:
+        """:meth:`generate` with a :class:`~selfattn.efficient.StaticKVCache` per layer of capacity
+        T0 + n_new: the prompt in one checked step (:meth:`_run`), then one unchecked step per token
+        (:meth:`_forward_new`: no argument checks, no mask, keys and values written in place, no
+        copy of the cache). Tokens are written into the preallocated result."""
+        B, T0 = input_ids.shape
+        caches = [_StaticCache(StaticKVCache(T0 + n_new)) for _ in self.blocks]
+        out = torch.empty((B, T0 + n_new), dtype=torch.int64, device=input_ids.device)  # (B, T0 + n_new)
+        out[:, :T0] = input_ids
+        logits = self._run(input_ids, caches)[0][:, -1]  # (B, V): the prompt's last position
+        weight = self.token_embedding.weight  # (V, D)
+        for i in range(n_new):
+            next_id = sample(logits, **how)  # (B, 1); refuses NaN or +inf logits
+            out[:, T0 + i : T0 + i + 1] = next_id
+            if i + 1 < n_new:
+                plan = caches[0].plan(1, self.positions, out.device)  # the same for every layer
+                tokens = weight[next_id]  # (B, 1, D): the ids come from sample, in [0, V)
+                logits = self._forward_new(tokens, caches, plan, plan.keep, self.positions)[0][:, -1]  # (B, V)
+        return out
 
     @staticmethod
     def _left_padding(attention_mask, input_ids, make_cache) -> torch.Tensor:
