@@ -146,4 +146,6 @@ def setup(app):
     app.add_css_file("selfattn.css")
     # The keyboard twins of plotly's sliders and menus follow the figure's own controls (book/_static).
     app.add_js_file("selfattn-controls-sync.js")
+    # Titles and legends wider than a figure are wrapped or moved under the plot (issue 31, book/_static).
+    app.add_js_file("selfattn-figure-fit.js")
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
