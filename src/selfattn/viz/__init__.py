@@ -32,7 +32,7 @@ import plotly.io as pio
 from plotly.io.base_renderers import MimetypeRenderer
 
 __all__ = ["RENDERER_NAME", "use_book_renderer", "describe", "figure_description", "COLORSCALE", "DIVERGING",
-           "plotlyjs_for_classic_notebook", "enable_colab_widgets"]
+           "plotlyjs_for_classic_notebook", "enable_colab_widgets", "add_marked_vline"]
 
 RENDERER_NAME = "selfattn"
 
@@ -62,6 +62,32 @@ def describe(fig: go.Figure, description: str) -> go.Figure:
     meta = dict(fig.layout.meta) if isinstance(fig.layout.meta, dict) else {}
     meta["description"] = description.strip()
     fig.update_layout(meta=meta)
+    return fig
+
+
+def add_marked_vline(fig: go.Figure, x: float, text: str, *, log_x: bool, line: dict | None = None,
+                     side: str = "right", font: dict | None = None) -> go.Figure:
+    """A vertical line at data value ``x`` across the plot, labelled ``text`` at its top; returns ``fig``.
+
+    plotly's ``add_vline(annotation_text=...)`` places the label at ``x`` in axis units, but on a log
+    axis an annotation's x is log10 of the data value (a shape's is the data value itself): a label
+    at block 64 lands at 1e64 and the autorange stretches to it (issue 31). This helper gives the
+    annotation ``log10(x)`` when ``log_x`` is true. ``side``: "right" or "left" of the line.
+
+    Raises:
+        ValueError: ``x`` not finite, or not > 0 on a log axis; ``side`` not "right" or "left".
+    """
+    import math
+
+    value = float(x)
+    if not math.isfinite(value) or (log_x and value <= 0):
+        raise ValueError(f"x must be finite{' and > 0 on a log axis' if log_x else ''}; got {x!r}")
+    if side not in ("right", "left"):
+        raise ValueError(f"side must be 'right' or 'left'; got {side!r}")
+    fig.add_vline(x=value, line=line or {})
+    fig.add_annotation(x=math.log10(value) if log_x else value, xref="x", y=1.0, yref="y domain", text=text,
+                       showarrow=False, xanchor="left" if side == "right" else "right", yanchor="top",
+                       font=font or {})
     return fig
 
 

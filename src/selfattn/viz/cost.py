@@ -13,7 +13,7 @@ from plotly.subplots import make_subplots
 
 from ..efficient.experiments import fitted_slope
 from ..ref.online import OnlineSoftmaxState, logsumexp, online_softmax_update
-from . import COLORSCALE, describe
+from . import COLORSCALE, add_marked_vline, describe
 
 __all__ = ["scaling_view", "scaling_figure", "tiles_data", "tiles_view", "tiles_figure", "lookup_figure",
            "fitted_slope", "traffic_figure", "block_time_figure"]
@@ -246,8 +246,8 @@ def block_time_figure(blocks, times_ms, *, sdpa_ms: float, tile_bytes, caches: d
         first_over = next((b for b, tb in zip(blocks, tile_bytes, strict=True) if tb > size), None)
         if first_over is None:
             continue
-        fig.add_vline(x=first_over, line={"color": _COLOURS[2 + i % 4], "dash": "dot"},
-                      annotation_text=f"tile > {name}", annotation_position="top left")
+        add_marked_vline(fig, first_over, f"tile > {name}", log_x=True, side="left",
+                         line={"color": _COLOURS[2 + i % 4], "dash": "dot"})
         marks.append(f"{name} ({size // 2**10:,} KiB) from block {first_over}")
     fig.update_xaxes(type="log", title_text="block size (queries = keys per tile, log scale)")
     fig.update_yaxes(type="log", title_text="time per forward pass, ms (log scale)")

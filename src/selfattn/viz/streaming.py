@@ -23,7 +23,7 @@ import plotly.graph_objects as go
 import torch
 
 from ..inference.streaming import SlidingWindowCache
-from . import describe
+from . import add_marked_vline, describe
 from .positions import _as_baselines, _as_curve, _require_count, _style
 from .training import moving_average
 
@@ -72,8 +72,8 @@ def streaming_loss_figure(losses: Mapping[str, object], *, window: int, train_le
                                  line={"color": "#000000" if i == 0 else "#999999", "dash": "dot", "width": 1},
                                  hovertemplate=f"{label}: {value:.3f} nats<extra></extra>"))
     for x, text, dash in ((W, f"window {W}", "dash"), (T, f"training length {T}", "dot")):
-        fig.add_vline(x=x - 0.5, line={"color": "#666666", "dash": dash, "width": 2},
-                      annotation={"text": text, "font": {"color": "#444444"}}, annotation_position="top right")
+        add_marked_vline(fig, x - 0.5, text, log_x=log_x, line={"color": "#666666", "dash": dash, "width": 2},
+                         font={"color": "#444444"})
     y_title = "cross-entropy (nats per token)" + (f", {smooth}-position average" if smooth > 1 else "")
     fig.update_layout(title=title or f"Loss per position: full cache, sliding window {W}, sinks",
                       template="plotly_white", height=480, autosize=True,

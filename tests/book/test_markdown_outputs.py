@@ -1,0 +1,56 @@
+"""Markdown that a chapter generates (display(Markdown(...))) is rendered: its tables are tables and
+its maths is maths, not raw `| ... |` rows and `$T = 4096$` (issue 31, item 1).
+
+MyST-NB parses text/markdown outputs as CommonMark unless told otherwise (no tables, no dollar
+maths); _config.yml sets `nb_render_markdown_format: myst`. The test reads each chapter page's cell
+outputs, outside code, preformatted text, scripts and rendered maths.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from bs4 import BeautifulSoup
+
+from .browser_support import chapter_pages
+
+TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$", re.MULTILINE)
+RAW_MATH = re.compile(r"(?<![\\$])\$[^$\s][^$]*?\$")
+# Tables each chapter generates from its measurements (chapter 09: seven bench tables, 13: one summary).
+GENERATED_TABLES = {"notebooks/09_parallel_and_quadratic": 7, "notebooks/13_attention_explanations": 1}
+
+
+def _outputs(built_html, page: str):
+    soup = BeautifulSoup((built_html / f"{page}.html").read_text(), "html.parser")
+    outputs = soup.select("div.cell_output")
+    for out in outputs:
+        for node in out.select("pre, code, script, style, .math, mjx-container, .plotly-graph-div"):
+            node.decompose()
+    return outputs
+
+
+@pytest.mark.parametrize("page", chapter_pages())
+def test_generated_markdown_is_rendered(built_html, page):
+    raw_rows, raw_math = [], []
+    for out in _outputs(built_html, page):
+        text = out.get_text("\n")
+        raw_rows += TABLE_ROW.findall(text)
+        raw_math += RAW_MATH.findall(text)
+    assert raw_rows == [], f"{len(raw_rows)} table rows printed as text, e.g. {raw_rows[:2]}"
+    assert raw_math == [], f"maths printed as text: {raw_math[:5]}"
+
+
+@pytest.mark.parametrize("page", sorted(GENERATED_TABLES))
+def test_generated_tables_are_html_tables(built_html, page):
+    tables = [t for out in _outputs(built_html, page) for t in out.find_all("table")]
+    assert len(tables) >= GENERATED_TABLES[page]
+    for t in tables:
+        assert t.find("th") is not None and len(t.find_all("tr")) >= 2
+
+
+def test_generated_maths_is_typeset_source(built_html):
+    """Chapter 10's generated prose carries its maths as MathJax source (a .math element)."""
+    soup = BeautifulSoup((built_html / "notebooks/10_flash_attention.html").read_text(), "html.parser")
+    maths = [m.get_text() for out in soup.select("div.cell_output") for m in out.select(".math")]
+    assert any(re.search(r"T\s*=\s*\d", m) for m in maths), maths[:5]
