@@ -197,8 +197,10 @@ def test_light_and_dark_mode_are_legible(browser, site_url, artifacts, mode):
 # descriptions), each against the background it is drawn on, after every collapsed box (a hidden
 # solution and its feedback) has been opened. The text's colour is blended by its alpha and by the
 # opacity of the elements between it and that background (a live-only widget is drawn at 0.55).
-OUTPUT_CONTRAST_JS = """() => {
+OUTPUT_CONTRAST_JS = """async () => {
 """ + CONTRAST_HELPERS_JS + """  document.querySelectorAll('details').forEach((d) => { d.open = true; });
+  // An opened box fades in (MyST-NB's CSS animation from opacity 0): measure once it has ended.
+  await Promise.all(document.getAnimations().map((a) => a.finished.catch(() => null)));
   const owner = (el) => { for (let n = el; n; n = n.parentElement) { if (rgba(getComputedStyle(n).backgroundColor)[3] > 0.5) return n; } return null; };
   const ratios = [];
   let checked = 0;
