@@ -470,7 +470,12 @@
           const read = (event) => this.readCell(canvas, event, l, h, base, T, chars, weights);
           canvas.addEventListener("pointermove", read);
           canvas.addEventListener("pointerdown", read); // a tap on a touch screen
-          canvas.addEventListener("pointerleave", () => { this.readout.textContent = READOUT_HINT; });
+          // A mouse (or pen) leaving the square puts the hint back. A finger "leaves" right after every tap (the
+          // browser sends pointerup then pointerleave for a touch), which would wipe the readout the tap
+          // has just written: on a touch screen the readout stays until the next tap.
+          canvas.addEventListener("pointerleave", (event) => {
+            if (event.pointerType !== "touch") this.readout.textContent = READOUT_HINT;
+          });
         }
       }
       this.readout.textContent = READOUT_HINT;

@@ -16,6 +16,7 @@ from .browser_support import (
     CONTRAST_HELPERS_JS,
     FIGURES_DRAWN_JS,
     MAIN_FIGURE_JS,
+    SETTLE_JS,
     SNAPSHOT_JS,
     chapter_pages,
     open_with_figures,
@@ -189,3 +190,57 @@ def test_light_and_dark_mode_are_legible(browser, site_url, artifacts, mode):
     finally:
         context.close()
     assert low == [], f"text below WCAG 4.5:1 in {mode} mode: {low[:10]}"
+
+
+# Every text node inside every cell output box (printed text, tables, exercise feedback, widgets'
+# labels, the live panel; not a figure's SVG, which CONTRAST_JS reads, nor the visually hidden figure
+# descriptions), each against the background it is drawn on, after every collapsed box (a hidden
+# solution and its feedback) has been opened. The text's colour is blended by its alpha and by the
+# opacity of the elements between it and that background (a live-only widget is drawn at 0.55).
+OUTPUT_CONTRAST_JS = """async () => {
+""" + CONTRAST_HELPERS_JS + """  document.querySelectorAll('details').forEach((d) => { d.open = true; });
+  // An opened box fades in (MyST-NB's CSS animation from opacity 0): measure once it has ended.
+  await Promise.all(document.getAnimations().map((a) => a.finished.catch(() => null)));
+  const owner = (el) => { for (let n = el; n; n = n.parentElement) { if (rgba(getComputedStyle(n).backgroundColor)[3] > 0.5) return n; } return null; };
+  const ratios = [];
+  let checked = 0;
+  for (const box of document.querySelectorAll('.cell_output')) {
+    const walker = document.createTreeWalker(box, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      const el = node.parentElement, text = node.textContent.trim();
+      if (!text || !el || el.closest('svg, script, style, .selfattn-figure-text')) continue;
+      if (!el.checkVisibility({visibilityProperty: true}) || !el.getClientRects().length) continue;
+      const style = getComputedStyle(el), bg = background(el), under = owner(el);
+      let alpha = rgba(style.color)[3];
+      for (let n = el; n && n !== under; n = n.parentElement) alpha *= parseFloat(getComputedStyle(n).opacity);
+      const fg = rgba(style.color).slice(0, 3).map((v, i) => v * alpha + bg[i] * (1 - alpha));
+      const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
+      checked += 1;
+      ratios.push({ratio: (a + 0.05) / (b + 0.05), text: text.slice(0, 50), tag: el.tagName.toLowerCase(),
+                   cls: (el.closest('[class]') || el).className.toString().slice(0, 40)});
+    }
+  }
+  return {theme: document.documentElement.dataset.theme, checked, low: ratios.filter((r) => !(r.ratio >= 4.5))};
+}"""
+
+
+@pytest.mark.parametrize("mode", ["light", "dark"])
+def test_every_text_in_every_output_box_is_legible_in_light_and_dark_mode(browser, site_url, mode):
+    """WCAG AA (contrast >= 4.5:1) for every text of every cell output box of every chapter page, in
+    the theme's light and dark mode (issue 31.4: in dark mode the exercise feedback's text was 1.01:1,
+    its title 3.1-3.6:1); the solutions' hidden outputs are opened first."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=mode)
+    context.add_init_script(f"localStorage.setItem('mode', '{mode}'); localStorage.setItem('theme', '{mode}');")
+    low = []
+    try:
+        tab = context.new_page()
+        for page in CHAPTERS:
+            tab.goto(f"{site_url}/{page}.html", wait_until="load")
+            tab.evaluate(SETTLE_JS)  # figures, widgets and maths drawn
+            result = tab.evaluate(OUTPUT_CONTRAST_JS)
+            assert result["theme"] == mode, f"{page}: the page is in {result['theme']} mode, not {mode}"
+            assert result["checked"] >= 10, f"{page}: only {result['checked']} output texts found to check"
+            low += [(page.split("/")[-1][:2], round(r["ratio"], 2), r["tag"], r["cls"], r["text"]) for r in result["low"]]
+    finally:
+        context.close()
+    assert low == [], f"{len(low)} output texts below WCAG 4.5:1 in {mode} mode: {low[:12]}"

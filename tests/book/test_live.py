@@ -571,3 +571,33 @@ def test_pointing_at_a_square_reads_its_characters_and_weight(browser, site_url,
         assert "“e” (character 3) may not read “j” (character 7)" in text and "causal mask" in text, text
         tab.mouse.move(box["x"] - 40, box["y"] - 40)
         assert "Point at" in tab.eval_on_selector(readout, "e => e.textContent")
+
+
+TAPPED_JS = """() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(() =>
+  done(document.querySelector('.selfattn-livemodel-readout').textContent))))"""
+
+
+def test_tapping_a_square_on_a_phone_reads_its_characters_and_weight(browser, site_url, built_html):
+    """On a touch screen (a 390 px phone: touch events, mobile viewport) a tap on a heatmap square leaves
+    the readout of that square in place: the browser follows a touch's pointerup with a pointerleave,
+    which must not wipe what the tap wrote. A second tap reads the second square."""
+    phone = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 3, "is_mobile": True, "has_touch": True}
+    with _ready_panel(browser, site_url, built_html, **phone) as tab:
+        prompt = "the object"
+        _set_controls(tab, {"prompt": prompt})
+        drawn = tab.evaluate("() => window.selfattnLive.shown()")
+        config = tab.evaluate("() => window.selfattnLive.panels[0].config")
+        L, H, T = config["n_layers"], config["n_heads"], len(prompt)
+        weights = np.reshape(drawn["weights"], (L, H, T, T))
+        canvases = tab.locator(".selfattn-livemodel-grid canvas")
+        for index, t, s in [(0, 9, 8), (3, 5, 2)]:
+            l, h = divmod(index, H)
+            canvas = canvases.nth(index)
+            canvas.scroll_into_view_if_needed()
+            box = canvas.bounding_box()
+            side = box["width"] - 2  # the 1 px border on each side
+            tab.touchscreen.tap(box["x"] + 1 + (s + 0.5) * side / T, box["y"] + 1 + (t + 0.5) * side / T)
+            text = tab.evaluate(TAPPED_JS)
+            ask, read = prompt[t].replace(" ", "\u2423"), prompt[s].replace(" ", "\u2423")
+            assert text == (f"Layer {l + 1} \u00b7 head {h + 1}: \u201c{ask}\u201d (character {t + 1}) reads \u201c{read}\u201d "
+                            f"(character {s + 1}) with weight {weights[l, h, t, s]:.3f}."), (index, t, s, text)

@@ -146,7 +146,8 @@ def test_plotly_logs_no_warning(reader_visits, page):
 
 EXERCISES_JS = """() => {
   const cells = [...document.querySelectorAll('.cell')].filter((c) => (c.querySelector('.cell_input') || {textContent: ''}).textContent.includes('@title Solution'));
-  const hints = [...document.querySelectorAll('details.sd-dropdown')].filter((d) => d.querySelector('summary').textContent.trim().startsWith('Hint'));
+  const hints = [...document.querySelectorAll('details')].filter((d) => !d.closest('.cell') && d.querySelector(':scope > summary')
+    && d.querySelector(':scope > summary').textContent.trim().startsWith('Hint'));
   const order = [...cells.map((c) => ['S', c]), ...hints.map((h) => ['H', h])]
     .sort((a, b) => (a[1].compareDocumentPosition(b[1]) & Node.DOCUMENT_POSITION_FOLLOWING) ? -1 : 1)
     .map((x) => x[0]).join('');
@@ -155,6 +156,25 @@ EXERCISES_JS = """() => {
   const prompts = cells.map((c) => { const p = c.querySelector('summary .collapsed'); return p ? p.textContent.trim() : null; });
   return {solutions: cells.length, hints: hints.length, order, prompts};
 }"""
+
+HINT = re.compile(r'<details class="selfattn-hint"([^>]*)>\s*<summary>Hint</summary>(.*?)</details>', re.S)
+
+
+@pytest.mark.parametrize("page", CHAPTERS, ids=page_id)
+def test_hints_are_closed_details_in_the_built_html(built_html, page):
+    """Each hint is a closed HTML <details> (the form every notebook front end folds too, issue 26.6) whose
+    body the book rendered from Markdown (a paragraph; inline code as <code>, maths as MathJax input), and no
+    MyST dropdown is left as literal text."""
+    html = (built_html / f"{page}.html").read_text()
+    hints = HINT.findall(html)
+    assert len(hints) >= 2, f"{page}: {len(hints)} hints"
+    assert [a for a, _ in hints if "open" in a] == [], f"{page}: a hint is open before a click"
+    bodies = [re.sub(r"<[^>]+>", "", body).strip() for _, body in hints]
+    assert all(b for b in bodies) and all("<p>" in body for _, body in hints), f"{page}: an empty or unrendered hint"
+    assert not [b for b in bodies if any(raw in b for raw in ("$", "`", ":::"))], f"{page}: raw Markdown in a hint: {bodies}"
+    text = re.sub(r"<script.*?</script>|<[^>]+>", " ", html, flags=re.S)
+    assert "{dropdown}" not in text, f"{page}: a MyST dropdown is shown as text"
+
 
 # Green "correct" feedback (selfattn.exercises.Feedback) visible on the page, and its text.
 VISIBLE_CORRECT_JS = """() => [...document.querySelectorAll('.selfattn-feedback')]
@@ -180,9 +200,10 @@ def test_exercise_answers_are_hidden_until_asked_with_a_hint_first(browser, site
         assert set(found["prompts"]) == {SOLUTION_PROMPT}, f"{page}: solution toggles read {set(found['prompts'])}"
         for i in range(found["hints"]):
             hint = tab.locator(f'[data-test-hint="{i}"]')
-            body = hint.locator(".sd-summary-content, .sd-card-body").first
-            assert not body.is_visible(), f"{page}: hint {i} is open before a click"
-            hint.locator("summary").click()
+            assert hint.get_attribute("open") is None, f"{page}: hint {i} is open before a click"
+            body = hint.locator(":scope > :not(summary)").first
+            assert not body.is_visible(), f"{page}: hint {i}'s text is visible before a click"
+            hint.locator(":scope > summary").click()
             body.wait_for(state="visible", timeout=3000)
             assert body.inner_text().strip(), f"{page}: hint {i} is empty"
         for i in range(found["solutions"]):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -39,17 +41,52 @@ def test_feedback_str():
 
 def test_feedback_html_escapes_and_colours():
     good = passed("2.1 <softmax>")._repr_html_()
-    assert "#1a7f37" in good and "Exercise 2.1 &lt;softmax&gt;" in good
+    assert 'data-verdict="ok"' in good and "Exercise 2.1 &lt;softmax&gt;" in good
     bad = failed("2.1", "q < k & <script>")._repr_html_()
-    assert "#cf222e" in bad and "q &lt; k &amp; &lt;script&gt;" in bad and "<script>" not in bad
-    assert "#6e7781" in not_attempted("2.1")._repr_html_()
+    assert 'data-verdict="wrong"' in bad and "q &lt; k &amp; &lt;script&gt;" in bad and "<script>" not in bad
+    assert 'data-verdict="todo"' in not_attempted("2.1")._repr_html_()
+    assert len({_title_colour(f._repr_html_()) for f in (passed("x"), failed("x", "no"), not_attempted("x"))}) == 3
+
+
+def _luminance(hex_colour: str) -> float:
+    """WCAG 2.x relative luminance of #rrggbb."""
+    channels = [int(hex_colour.lstrip("#")[i:i + 2], 16) / 255 for i in (0, 2, 4)]
+    lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def _contrast(a: str, b: str) -> float:
+    hi, lo = sorted([_luminance(a), _luminance(b)], reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def _title_colour(box: str) -> str:
+    return re.search(r'<strong style="color:(#[0-9a-f]{6})">', box).group(1)
+
+
+def test_feedback_box_brings_its_own_legible_colours():
+    """Issue 31.4: in the book's dark mode the box's text (its `code`) was 1.01:1 and its title 3.1-3.6:1,
+    drawn in colours meant for another background. The box now sets its background, its text colour and its
+    code's colour; each text is >= 4.5:1 (WCAG AA) on that background."""
+    assert _contrast("#ffffff", "#000000") == pytest.approx(21.0)  # the formula, on a known pair
+    assert _contrast("#777777", "#ffffff") == pytest.approx(4.48, abs=0.01)
+    for feedback in (passed("x"), failed("x", "use `a < b`"), not_attempted("x")):
+        box = feedback._repr_html_()
+        style = re.match(r'<div class="selfattn-feedback" data-verdict="\w+" style="([^"]*)">', box).group(1)
+        background = re.search(r"(?:^|;)background:(#[0-9a-f]{6})", style).group(1)
+        text = re.search(r"(?:^|;)color:(#[0-9a-f]{6})", style).group(1)
+        assert _contrast(text, background) >= 4.5, (box, text, background)
+        assert _contrast(_title_colour(box), background) >= 4.5, (box, background)
+        for code_style in re.findall(r'<code style="([^"]*)">', box):
+            assert "color:inherit" in code_style, code_style
+        assert "<code>" not in box, "a code span without its own colour takes the theme's"
 
 
 def test_feedback_html_shows_code_spans_as_code_not_backticks():
     box = not_attempted("2.1")._repr_html_()
     assert "`" not in box
-    assert "<code>raise NotImplementedError</code>" in box
-    assert "<code>a &lt; b</code>" in failed("2.1", "use `a < b`")._repr_html_()
+    assert re.search(r"<code[^>]*>raise NotImplementedError</code>", box)
+    assert re.search(r"<code[^>]*>a &lt; b</code>", failed("2.1", "use `a < b`")._repr_html_())
 
 
 def test_feedback_is_frozen():

@@ -56,6 +56,10 @@ def test_setup_cell_installs_from_the_configured_repository_on_colab_only(path):
 
 # The toggle of a hidden solution in the book; chapter 00 tells the reader to click it.
 SOLUTION_PROMPT = "Solution (click to show)"
+# A hint is a closed HTML <details> (issue 26.6): the book, JupyterLab, Notebook 7 and Colab all draw it
+# folded. The blank line after <summary> lets the body be Markdown (code, maths) in all of them.
+HINT_OPENING = '<details class="selfattn-hint">\n<summary>Hint</summary>\n\n'
+HINT_CLOSING = "\n\n</details>"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -67,7 +71,7 @@ def test_anatomy(path):
     exercises = re.findall(r"\*\*Exercise \d+\.\d+", text)
     assert len(exercises) >= 2, f"{path.name} has {len(exercises)} exercises"
     # A solution is hidden whole (input and its feedback: tag hide-cell), behind the toggle the
-    # prose names, with a hint (a dropdown) just before it.
+    # prose names, with a hint (a closed HTML <details>, see HINT_OPENING) just before it.
     cells = nb["cells"]
     solutions = [i for i, c in enumerate(cells) if c["cell_type"] == "code" and "# @title Solution" in "".join(c["source"])]
     assert len(solutions) >= len(exercises)
@@ -78,7 +82,7 @@ def test_anatomy(path):
         assert "hide-cell" in cell["metadata"].get("tags", []), f"{path.name} cell {i}: its feedback shows the answer"
         assert cell["metadata"].get("mystnb", {}).get("code_prompt_show") == SOLUTION_PROMPT
         hint = "".join(cells[i - 1]["source"])
-        assert cells[i - 1]["cell_type"] == "markdown" and hint.startswith(":::{dropdown} Hint\n"), (
+        assert cells[i - 1]["cell_type"] == "markdown" and hint.startswith(HINT_OPENING), (
             f"{path.name} cell {i}: no hint just before the solution"
         )
         assert "assert " in source, "a solution cell asserts that its check passes"
@@ -87,3 +91,25 @@ def test_anatomy(path):
 def test_chapter_00_names_the_solution_toggle():
     text = _markdown(_load(ROOT / "notebooks" / "00_how_to_use.ipynb"))
     assert f"*{SOLUTION_PROMPT}*" in text and "*Hint*" in text
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_hints_are_folded_in_every_front_end(path):
+    """No markdown cell uses a MyST directive that only the book understands to hide text (issue 26.6):
+    JupyterLab, Notebook 7 and Colab show a ```{dropdown} or :::{dropdown} block as literal text, its hint
+    in plain sight. Every <details> is a whole hint cell: opened, Markdown body, closed, never `open`."""
+    for i, cell in enumerate(_load(path)["cells"]):
+        if cell["cell_type"] != "markdown":
+            continue
+        source = "".join(cell["source"])
+        assert not re.search(r"^\s*(```+|:::+)\s*\{(dropdown|toggle)\}", source, re.M), (
+            f"{path.name} cell {i}: a MyST dropdown/toggle shows as plain text outside the book; use <details>"
+        )
+        if "<details" in source:
+            assert source.startswith(HINT_OPENING) and source.endswith(HINT_CLOSING), (
+                f"{path.name} cell {i}: a <details> cell must read {HINT_OPENING!r} ... {HINT_CLOSING!r}"
+            )
+            body = source[len(HINT_OPENING):-len(HINT_CLOSING)]
+            assert body.strip() and "<details" not in body and "open" not in source.split(">", 1)[0], (
+                f"{path.name} cell {i}: an empty, nested or open hint"
+            )

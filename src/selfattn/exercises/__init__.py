@@ -46,18 +46,34 @@ class Feedback:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        colour = "#1a7f37" if self.ok else ("#6e7781" if not self.attempted else "#cf222e")
-        icon = "&#10004;" if self.ok else ("&#9998;" if not self.attempted else "&#10008;")
+        """A box with its own background and text colour, so that it reads the same wherever it is drawn
+        (the book in light or dark mode, JupyterLab's and Colab's dark themes): every text in it has a
+        WCAG contrast of at least 4.5:1 against ``FEEDBACK_BACKGROUND``. The book's stylesheet
+        (book/_static/selfattn.css) redraws it in the page's dark colours in dark mode."""
+        verdict = "ok" if self.ok else ("todo" if not self.attempted else "wrong")
+        colour = FEEDBACK_COLOURS[verdict]
+        icon = {"ok": "&#10004;", "todo": "&#9998;", "wrong": "&#10008;"}[verdict]
         return (
-            f'<div class="selfattn-feedback" style="border-left:4px solid {colour};padding:0.4em 0.8em;'
-            f'margin:0.3em 0"><strong style="color:{colour}">{icon} Exercise {html.escape(self.exercise)}</strong>'
+            f'<div class="selfattn-feedback" data-verdict="{verdict}" style="border-left:4px solid {colour};'
+            f"padding:0.4em 0.8em;margin:0.3em 0;background:{FEEDBACK_BACKGROUND};color:{FEEDBACK_TEXT}\">"
+            f'<strong style="color:{colour}">{icon} Exercise {html.escape(self.exercise)}</strong>'
             f"<br>{_inline_code(self.message)}</div>"
         )
 
 
+# The feedback box's own colours (light): text and the title's colour for each verdict, all at least
+# 4.5:1 against the background (WCAG AA; tests/unit/test_exercises_base.py computes the ratios).
+FEEDBACK_BACKGROUND = "#f6f8fa"
+FEEDBACK_TEXT = "#1f2328"
+FEEDBACK_COLOURS = {"ok": "#116329", "wrong": "#a40e26", "todo": "#59636e"}
+# Inline code inside the box: the box's text colour on a faint grey (a theme's code colour, chosen for its
+# own background, would not do: pydata-sphinx-theme's dark mode draws code in light pink).
+FEEDBACK_CODE_STYLE = "color:inherit;background:rgba(175,184,193,0.25);padding:0.05em 0.3em;border-radius:0.2em"
+
+
 def _inline_code(message: str) -> str:
     """The message as HTML, with its Markdown-style `code` spans drawn as <code> (no literal backticks)."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(message))
+    return re.sub(r"`([^`]+)`", rf'<code style="{FEEDBACK_CODE_STYLE}">\1</code>', html.escape(message))
 
 
 def passed(exercise: str, message: str = "Well done.") -> Feedback:
