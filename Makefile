@@ -12,8 +12,12 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 # is looked up there (--no-deps): its own dependencies come from PyPI with the project's install.
 TORCH  ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
-# --all: every chapter is executed at every build, also after a change to src/ that Sphinx cannot see
-# (without it a second `make book` re-executes nothing and keeps outputs of the old package).
+# --all: a fresh Sphinx environment at every build, so every page is read and rendered again (and
+# warnings of pages that did not change still fail the build under -W). Executing the chapters is
+# what takes the time, and that is cached (_config.yml's `execute_notebooks: cache`): a chapter is
+# executed again only when its code cells changed or anything it depends on did (a file under src/,
+# bench/ or book/_ext, Python or an installed package; book/_ext/selfattn_parallel_exec.py keys the
+# cache on them). The cache is _build/.jupyter_cache; `make clean` removes it with the rest of _build.
 BOOK_FLAGS := -W -n --keep-going --all
 
 .PHONY: book test test-fast lint bench clean vendor browser
@@ -53,9 +57,9 @@ browser:
 
 # scripts/build_book.py runs `jupyter-book build` and, when a notebook fails, ends with the notebook,
 # cell, source line and exception (Sphinx buries them mid-traceback); the log is _build/book-build.log.
-# The notebooks are executed two at a time, one BLAS/OpenMP thread per kernel, by the book's
-# extension book/_ext/selfattn_parallel_exec.py (SELFATTN_BOOK_JOBS=N: N at a time; 1: one after
-# another, inside Sphinx, as MyST-NB's force mode does on its own).
+# The notebooks that are not in the cache are executed two at a time, one BLAS/OpenMP thread per
+# kernel, by the book's extension book/_ext/selfattn_parallel_exec.py (SELFATTN_BOOK_JOBS=N: N at a
+# time; 1: one after another), which prints "chapter i/n <name> done in Xs (total Ys)" as each ends.
 book: $(VENV)/.book $(VENV)/.vendor
 	$(PY) scripts/build_book.py . $(BOOK_FLAGS)
 
@@ -78,5 +82,7 @@ bench: $(VENV)/.test
 	$(PY) bench/attention_bench.py
 	$(PY) bench/decode_bench.py
 
+# _build holds the built site and the execution cache (_build/.jupyter_cache): after `make clean` the
+# next `make book` executes every chapter, as on a fresh clone.
 clean:
 	rm -rf _build .pytest_cache

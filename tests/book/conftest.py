@@ -32,7 +32,9 @@ def book_build() -> subprocess.CompletedProcess:
     if os.environ.get("SELFATTN_REUSE_BOOK") == "1" and (HTML / "index.html").is_file():
         text = LOG.read_text() if LOG.is_file() else ""
         return subprocess.CompletedProcess(args=["reused"], returncode=0, stdout=text, stderr="")
-    shutil.rmtree(BUILD, ignore_errors=True)  # from scratch: every notebook is executed again
+    # From scratch: every notebook is executed again (the execution cache, _build/.jupyter_cache,
+    # goes with the rest of _build), so the site tested reflects the current src/ and notebooks.
+    shutil.rmtree(BUILD, ignore_errors=True)
     BUILD.mkdir(exist_ok=True)
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "build_book.py"), str(ROOT), "-W", "-n", "--keep-going"],
