@@ -300,14 +300,7 @@ def apply_rope(
     cos, sin = rope_cos_sin(p, Dh, base=base, interpolation=interpolation)  # (T, Dh/2) each
     work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
     cos, sin = cos.to(device=x.device, dtype=work), sin.to(device=x.device, dtype=work)  # (T, Dh/2)
-    xw = x.to(work)
-    if layout == "half":
-        a, b = xw[..., : Dh // 2], xw[..., Dh // 2 :]  # (..., T, Dh/2) each: pair i = (i, i + Dh/2)
-        out = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
-    else:
-        a, b = xw[..., 0::2], xw[..., 1::2]  # pair i = (2i, 2i + 1)
-        out = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
-    return out.to(x.dtype)
+    return _rotate_pairs(x, cos, sin, layout, work)
 
 
 def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, work) -> torch.Tensor:
