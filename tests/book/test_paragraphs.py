@@ -11,7 +11,13 @@ from __future__ import annotations
 import pytest
 
 from .browser_support import chapter_pages
-from .paragraphs import MAX_WORDS, lab_note_words, main_line_paragraphs, offending_paragraphs, word_count
+from .paragraphs import (
+    MAX_WORDS,
+    lab_note_words,
+    main_line_paragraphs,
+    offending_paragraphs,
+    word_count,
+)
 
 
 def _words(n: int) -> str:
