@@ -22,6 +22,7 @@ from selfattn import ref
 from selfattn.efficient import KVCache, cached_attention
 from selfattn.gqa import GQAConfig, GroupedQueryAttention
 from selfattn.inference import costs
+from selfattn.inference.decode_timing import decode_step_counts
 from selfattn.inference.paged import PagedKVCache, paged_attention
 from selfattn.inference.split_kv import chunk_boundaries, split_kv_attention
 from selfattn.models.gpt import GPT, GPTConfig
@@ -77,10 +78,26 @@ def test_claim_25_decode_intensity_is_below_the_balance_of_gpus_and_of_this_mach
         for gpu in costs.PUBLISHED_ACCELERATORS.values():
             assert c.intensity < gpu.balance / 50, (spec.name, gpu.name)
         assert costs.prefill_cost(spec, n).intensity > 300  # prefill: above every published balance
-    # on this machine: the counted intensity of decode attention is below the measured balance (the roofline's
-    # definition); the measured share of the streaming bandwidth is in the statement, not asserted
-    verdict = costs.memory_bound_verdict(costs.measure_roofline())
-    assert verdict.memory_bound, verdict.statement
+    # what this machine's decode step is bound by is measured in the chapter (time_decode_step_sweep) and
+    # reported, never asserted here: a timing depends on the load
+
+
+def test_claim_25_the_roofline_experiment_adds_flops_on_the_same_bytes():
+    """The sweep of chapter 11 (one decode step over a fixed cache, query heads per KV head 1 -> 8, then
+    more sequences sharing the cache): counted FLOPs and bytes per step, by hand, and the intensity that
+    rises with group size and batch while the bytes stay those of the cache (load-free: no timing)."""
+    H_kv, S, Dh = 8, 32768, 64
+    cache_bytes = 2 * H_kv * S * Dh * 4  # K and V, float32
+    previous = 0.0
+    for G, B in [(1, 1), (2, 1), (4, 1), (8, 1), (8, 2), (8, 4), (8, 8), (8, 16)]:
+        flops, nbytes = decode_step_counts(H_kv, G, B, S, Dh)
+        assert flops == 4 * B * G * H_kv * S * Dh  # q K^T and weights @ V, 2 FLOPs a multiply-add
+        assert nbytes == cache_bytes + 2 * B * G * H_kv * Dh * 4  # plus the queries read and outputs written
+        assert nbytes <= 1.01 * cache_bytes  # the same bytes, within 1 %
+        intensity = flops / nbytes
+        assert intensity > previous * 1.9  # each doubling of the queries nearly doubles it
+        assert abs(intensity - B * G / 2) <= 0.004 * B * G / 2  # about B G / 2 FLOP per byte in float32
+        previous = intensity
 
 
 def test_claim_26_gqa_equals_mha_when_every_query_head_has_its_own_kv_head():

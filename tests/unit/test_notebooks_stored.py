@@ -60,6 +60,9 @@ SOLUTION_PROMPT = "Solution (click to show)"
 # folded. The blank line after <summary> lets the body be Markdown (code, maths) in all of them.
 HINT_OPENING = '<details class="selfattn-hint">\n<summary>Hint</summary>\n\n'
 HINT_CLOSING = "\n\n</details>"
+# A "Lab notes" box (issue 26, item 2): measurement methodology folded out of the main line, at the end of
+# a prose cell, one per cell, closed like a hint.
+LABNOTES_OPENING = '<details class="selfattn-labnotes">\n<summary>Lab notes</summary>\n\n'
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -97,7 +100,8 @@ def test_chapter_00_names_the_solution_toggle():
 def test_hints_are_folded_in_every_front_end(path):
     """No markdown cell uses a MyST directive that only the book understands to hide text (issue 26.6):
     JupyterLab, Notebook 7 and Colab show a ```{dropdown} or :::{dropdown} block as literal text, its hint
-    in plain sight. Every <details> is a whole hint cell: opened, Markdown body, closed, never `open`."""
+    in plain sight. Every <details> is a whole hint cell: opened, Markdown body, closed, never `open`; or one
+    Lab notes box that ends a prose cell, closed the same way."""
     for i, cell in enumerate(_load(path)["cells"]):
         if cell["cell_type"] != "markdown":
             continue
@@ -105,7 +109,14 @@ def test_hints_are_folded_in_every_front_end(path):
         assert not re.search(r"^\s*(```+|:::+)\s*\{(dropdown|toggle)\}", source, re.M), (
             f"{path.name} cell {i}: a MyST dropdown/toggle shows as plain text outside the book; use <details>"
         )
-        if "<details" in source:
+        if LABNOTES_OPENING in source:
+            head, box = source.split(LABNOTES_OPENING, 1)
+            assert head.strip() and "<details" not in head and box.endswith(HINT_CLOSING), (
+                f"{path.name} cell {i}: a Lab notes box closes its prose cell: ... {LABNOTES_OPENING!r} ... "
+                f"{HINT_CLOSING!r}"
+            )
+            assert box[:-len(HINT_CLOSING)].strip() and "<details" not in box, f"{path.name} cell {i}: empty or nested"
+        elif "<details" in source:
             assert source.startswith(HINT_OPENING) and source.endswith(HINT_CLOSING), (
                 f"{path.name} cell {i}: a <details> cell must read {HINT_OPENING!r} ... {HINT_CLOSING!r}"
             )

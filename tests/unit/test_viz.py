@@ -147,3 +147,15 @@ def test_describe_refuses_empty_text(text):
 
 def test_colour_scales_are_the_accessible_ones():
     assert viz.COLORSCALE == "Viridis" and viz.DIVERGING == "RdBu"
+
+
+def test_with_lab_notes_folds_the_notes_in_a_details_box():
+    from selfattn.viz import with_lab_notes
+
+    text = with_lab_notes("The loop took 1.5 times SDPA's time.", "The load average was 2.")
+    assert text.startswith("The loop took 1.5 times SDPA's time.\n\n<details class=\"selfattn-labnotes\">")
+    assert text.rstrip().endswith("</details>") and "<summary>Lab notes</summary>" in text
+    assert text.index("The load average was 2.") > text.index("<summary>Lab notes</summary>")
+    assert with_lab_notes("main", "  ") == "main"
+    with pytest.raises(TypeError, match="notes must be a str"):
+        with_lab_notes("main", None)

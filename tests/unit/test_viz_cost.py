@@ -91,3 +91,18 @@ def test_block_time_figure_marks_where_the_tile_outgrows_each_data_cache():
     marks = [a.text for a in fig.layout.annotations]
     assert marks == ["tile > L1d", "tile > L2"]  # no instruction cache; the L3 is never outgrown
     assert list(fig.data[1].y) == [1.5, 1.5] and "L2 (0 KiB) from block 128" in figure_description(fig)
+
+
+def test_machine_roofline_figure_lines_are_min_of_peak_and_bandwidth():
+    from selfattn.viz.cost import machine_roofline_figure
+
+    fig = machine_roofline_figure({"cpu": (100e9, 20e9), "gpu": (989e12, 3.35e12)}, {"softmax pass": 1.0})
+    cpu, gpu = fig.data
+    np.testing.assert_allclose(cpu.y, np.minimum(100.0, np.array(cpu.x) * 20.0), rtol=1e-12)  # GFLOP/s
+    assert 5.0 in list(cpu.x) and "balance 5 FLOP/byte" in cpu.name
+    assert 989e12 / 3.35e12 in list(gpu.x) and "balance 295 FLOP/byte" in gpu.name
+    assert [s.x0 for s in fig.layout.shapes] == [1.0]
+    with pytest.raises(ValueError, match="machines"):
+        machine_roofline_figure({})
+    with pytest.raises(ValueError, match="bytes/s"):
+        machine_roofline_figure({"x": (1e9, 0.0)})

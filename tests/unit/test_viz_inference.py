@@ -152,3 +152,23 @@ def test_kv_cache_calculator_widget_follows_its_controls():
     assert f"{2 * 12 * 12 * 64 // 2:,} bytes per token" in readout.value
     with pytest.raises(ValueError, match="model must be one of"):
         kv_cache_calculator_widget("GPT-5")
+
+
+def test_decode_sweep_figure_points_are_the_counted_rates():
+    from selfattn.inference.decode_timing import DecodeStepPoint, DecodeSweep, decode_step_counts
+    from selfattn.viz.inference import decode_sweep_figure
+
+    def point(G, B, seconds):
+        flops, nbytes = decode_step_counts(8, G, B, 1024, 64)
+        return DecodeStepPoint(G, B, flops, nbytes, seconds, (seconds,))
+
+    groups = [point(1, 1, 0.01), point(8, 1, 0.02)]
+    sweep = DecodeSweep(groups, [groups[-1], point(8, 4, 0.05)], 1e-5, 8, 1024, 64, 2)
+    fig = decode_sweep_figure(sweep, _measurement())
+    roof, g, b = fig.data
+    np.testing.assert_allclose(roof.y, np.minimum(100.0, np.array(roof.x) * 20.0), rtol=1e-12)  # GFLOP/s
+    assert list(g.x) == [p.intensity for p in groups]
+    np.testing.assert_allclose(b.y, [groups[-1].flops / 0.02 / 1e9, sweep.batches[-1].flops / 0.05 / 1e9], rtol=1e-12)
+    assert "1,024 positions" in figure_description(fig)
+    with pytest.raises(TypeError, match="sweep must be a DecodeSweep"):
+        decode_sweep_figure(None, _measurement())

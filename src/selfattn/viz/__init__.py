@@ -32,7 +32,7 @@ import plotly.io as pio
 from plotly.io.base_renderers import MimetypeRenderer
 
 __all__ = ["RENDERER_NAME", "use_book_renderer", "describe", "figure_description", "COLORSCALE", "DIVERGING",
-           "plotlyjs_for_classic_notebook", "enable_colab_widgets", "add_marked_vline"]
+           "plotlyjs_for_classic_notebook", "enable_colab_widgets", "add_marked_vline", "with_lab_notes"]
 
 RENDERER_NAME = "selfattn"
 
@@ -49,6 +49,23 @@ def figure_description(fig: go.Figure) -> str:
     if isinstance(meta, dict):
         return str(meta.get("description", ""))
     return ""
+
+
+def with_lab_notes(main: str, notes: str) -> str:
+    """Markdown: ``main`` (the main line), then ``notes`` in a collapsed "Lab notes" box, an HTML
+    ``<details class="selfattn-labnotes">`` that stays folded in the built book, JupyterLab, Notebook 7
+    and Colab alike (issue 26: measurement methodology out of the main line). No box if ``notes`` is
+    empty.
+
+    Raises: TypeError: ``main`` or ``notes`` not a str.
+    """
+    for name, value in (("main", main), ("notes", notes)):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str (Markdown); got {type(value).__name__}")
+    if not notes.strip():
+        return main
+    return (f"{main}\n\n<details class=\"selfattn-labnotes\">\n<summary>Lab notes</summary>\n\n"
+            f"{notes.strip()}\n\n</details>\n")
 
 
 def describe(fig: go.Figure, description: str) -> go.Figure:

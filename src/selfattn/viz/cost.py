@@ -15,7 +15,7 @@ from ..efficient.experiments import fitted_slope
 from ..ref.online import OnlineSoftmaxState, logsumexp, online_softmax_update
 from . import COLORSCALE, add_marked_vline, describe
 
-__all__ = ["scaling_view", "scaling_figure", "tiles_data", "tiles_view", "tiles_figure", "lookup_figure",
+__all__ = ["machine_roofline_figure", "scaling_view", "scaling_figure", "tiles_data", "tiles_view", "tiles_figure", "lookup_figure",
            "fitted_slope", "traffic_figure", "block_time_figure"]
 
 # Okabe-Ito colours: distinct for colour-blind readers; dashes tell the series apart in grayscale.
@@ -256,3 +256,56 @@ def block_time_figure(blocks, times_ms, *, sdpa_ms: float, tile_bytes, caches: d
     where = "; one head's tile outgrows " + ", ".join(marks) if marks else ""
     return describe(fig, f"Log-log plot of the tiled forward pass's time against its block size "
                          f"({blocks[0]} to {blocks[-1]}), with SDPA's time as a dashed line{where}.")
+
+
+def machine_roofline_figure(machines, intensities=None, *, intensity_range=(0.1, 1e4)) -> go.Figure:
+    """The roofline of chapter 10's systems primer: attainable GFLOP/s ``min(peak, I x bandwidth)``
+    against arithmetic intensity ``I`` (FLOP per byte of slow memory), log-log, one line per machine.
+
+    Args:
+        machines: name -> (peak FLOP/s, bandwidth bytes/s), e.g. this CPU measured and a published GPU.
+        intensities: label -> FLOP/byte, drawn as labelled vertical lines (e.g. a softmax pass, a large
+            matrix product).
+        intensity_range: (low, high) of the x axis.
+
+    Each line's corner, its balance (peak / bandwidth), is a point of the line.
+
+    Raises: ValueError: no machine, a rate that is not a finite number > 0, a bad range or intensity.
+    Source: Williams et al. 2009 (the roofline); chapter 10.
+    """
+    machines = dict(machines)
+    if not machines:
+        raise ValueError("machines must name at least one machine: name -> (FLOP/s, bytes/s)")
+    lo, hi = intensity_range
+    if not (0 < lo < hi < np.inf):
+        raise ValueError(f"intensity_range must be (low, high) with 0 < low < high; got {intensity_range!r}")
+    for name, (flops, bw) in machines.items():
+        for what, v in (("FLOP/s", flops), ("bytes/s", bw)):
+            if not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
+                raise ValueError(f"machines[{name!r}]: {what} must be a finite number > 0; got {v!r}")
+    marks = dict(intensities or {})
+    for label, v in marks.items():
+        if not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
+            raise ValueError(f"intensities[{label!r}] must be a finite number > 0 (FLOP/byte); got {v!r}")
+    grid = np.geomspace(lo, hi, 121)
+    fig = go.Figure()
+    for i, (name, (flops, bw)) in enumerate(machines.items()):
+        balance = flops / bw
+        x = np.unique(np.append(grid, balance) if lo <= balance <= hi else grid)
+        fig.add_trace(go.Scatter(
+            x=x.tolist(), y=(np.minimum(flops, x * bw) / 1e9).tolist(), mode="lines",
+            name=f"{name} (balance {balance:.3g} FLOP/byte)",
+            line={"color": _COLOURS[i % 6], "dash": _DASHES[i % 6]},
+            hovertemplate=f"{name}<br>%{{x:.3g}} FLOP/byte: at most %{{y:.4g}} GFLOP/s<extra></extra>"))
+    for label, v in marks.items():
+        add_marked_vline(fig, float(v), label, log_x=True, line={"dash": "dash", "color": "#999999", "width": 1})
+    fig.update_layout(title="The roofline: what a machine can attain at a given arithmetic intensity", height=460,
+                      template="plotly_white", legend={"orientation": "h", "y": -0.25})
+    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per byte moved, log scale)")
+    fig.update_yaxes(type="log", title_text="attainable (GFLOP/s, log scale)")
+    return describe(fig, (
+        "Roofline, log-log: attainable GFLOP/s against FLOPs per byte for "
+        + "; ".join(f"{n} ({f / 1e9:,.0f} GFLOP/s, {b / 1e9:,.0f} GB/s, balance {f / b:.3g})"
+                    for n, (f, b) in machines.items())
+        + ". Left of a line's corner memory traffic limits it, right of it the arithmetic."
+        + ("" if not marks else " Dashed verticals: " + "; ".join(f"{k} at {v:.3g}" for k, v in marks.items()) + ".")))

@@ -8,6 +8,8 @@ Builders return plotly Figures with a text description attached (never show them
 - :func:`roofline_figure`: attainable FLOP/s against arithmetic intensity for this machine (measured)
   and published GPUs, with the intensities of decode and prefill marked (claim 25).
 - :func:`decode_speed_figure`: tokens per second with and without the cache against context length.
+- :func:`decode_sweep_figure`: the roofline experiment of claim 25, one decode step over a fixed cache
+  with more queries per key/value head and more sequences sharing it, against this machine's roofs.
 
 Source: chapter 11.
 """
@@ -20,10 +22,10 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ..inference.costs import PUBLISHED_ACCELERATORS, Accelerator, KVCacheRow, RooflineMeasurement
-from ..inference.decode_timing import DecodeTiming
+from ..inference.decode_timing import DecodeSweep, DecodeTiming
 from . import describe
 
-__all__ = ["kv_cache_figure", "roofline_figure", "decode_speed_figure", "kv_cache_readout",
+__all__ = ["kv_cache_figure", "roofline_figure", "decode_speed_figure", "decode_sweep_figure", "kv_cache_readout",
            "kv_cache_calculator_widget", "CACHE_FORMATS"]
 
 # Okabe-Ito colours: distinct for colour-blind readers; dashes tell the series apart in grayscale.
@@ -309,3 +311,46 @@ def kv_cache_calculator_widget(model: str = "Llama 3.1 8B"):
         w.observe(update, names="value")
     update()
     return widgets.VBox([model_box, heads_box, context, batch, fmt, readout])
+
+
+def decode_sweep_figure(sweep: DecodeSweep, measurement: RooflineMeasurement) -> go.Figure:
+    """Achieved GFLOP/s (counted FLOPs over the median time) against counted intensity for each step
+    of ``sweep`` (:func:`selfattn.inference.decode_timing.time_decode_step_sweep`), log-log, under this
+    machine's roofline ``min(peak, intensity x bandwidth)`` from ``measurement``. If the step were
+    limited by memory traffic alone, the points would climb the sloped roof; flat points lie below it.
+
+    Raises: TypeError: the wrong types. Source: chapter 11 (claim 25).
+    """
+    if not isinstance(sweep, DecodeSweep):
+        raise TypeError(f"sweep must be a DecodeSweep (from time_decode_step_sweep); got {type(sweep).__name__}")
+    if not isinstance(measurement, RooflineMeasurement):
+        raise TypeError(f"measurement must be a RooflineMeasurement; got {type(measurement).__name__}")
+    points = sweep.groups + sweep.batches[1:]
+    lo, hi = min(p.intensity for p in points) / 2, max(p.intensity for p in points) * 2
+    here = Accelerator("this machine", measurement.matmul_flops_per_s, measurement.bandwidth_bytes_per_s, "float32",
+                       "measured")
+    grid = np.geomspace(lo, hi, 81)
+    x = np.unique(np.append(grid, here.balance) if lo <= here.balance <= hi else grid)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(
+        x=x.tolist(), y=[here.attainable(v) / 1e9 for v in x], mode="lines", line={"color": "#999999"},
+        name=f"roofline of this machine (measured, balance {here.balance:.2g} FLOP/byte)",
+        hovertemplate="%{x:.3g} FLOP/byte: at most %{y:.4g} GFLOP/s<extra></extra>"))
+    for i, (label, pts) in enumerate((("query heads per key/value head 1 -> " f"{sweep.groups[-1].group_size}",
+                                       sweep.groups),
+                                      (f"sequences sharing the cache 1 -> {sweep.batches[-1].batch}", sweep.batches))):
+        fig.add_trace(go.Scatter(
+            x=[p.intensity for p in pts], y=[p.flops_per_s / 1e9 for p in pts], mode="lines+markers", name=label,
+            line={"color": _COLOURS[i], "dash": _DASHES[i]},
+            customdata=[[p.group_size, p.batch, p.seconds * 1e3] for p in pts],
+            hovertemplate=("group %{customdata[0]}, batch %{customdata[1]}: %{customdata[2]:.1f} ms<br>"
+                           "%{x:.3g} FLOP/byte, %{y:.3g} GFLOP/s achieved<extra></extra>")))
+    _layout(fig, "One decode step, more FLOPs on the same cache", "counted intensity (FLOP/byte, log scale)",
+            "achieved (GFLOP/s, log scale)")
+    return describe(fig, (
+        f"Log-log: achieved GFLOP/s against counted FLOPs per byte for one decode step over a cache of "
+        f"{sweep.context_len:,} positions ({sweep.n_kv_heads} key/value heads of width {sweep.d_head}, float32), "
+        f"first with 1 to {sweep.groups[-1].group_size} query heads per key/value head, then with 1 to "
+        f"{sweep.batches[-1].batch} sequences sharing the cache; under this machine's measured roofline "
+        f"({measurement.matmul_flops_per_s / 1e9:.0f} GFLOP/s, {measurement.bandwidth_bytes_per_s / 1e9:.0f} GB/s). "
+        f"Step times from {points[0].seconds * 1e3:.1f} to {points[-1].seconds * 1e3:.1f} ms."))
