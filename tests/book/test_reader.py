@@ -62,8 +62,18 @@ MEASURE_JS = """() => {
                   const hr = holder.getBoundingClientRect(), cr = c.getBoundingClientRect();
                   return {right: cr.right, limit: Math.min(hr.right, right), text: name(c)}; })
     .filter((c) => c.right > c.limit + 1);
+  // Printed output: a box whose text is wider than the box (it would scroll sideways) or that ends
+  // past the column; the text of its first line that does not fit, measured in the box's own font.
+  const canvas = document.createElement('canvas').getContext('2d');
+  const outputs = [...article.querySelectorAll('div.cell_output div.output pre')]
+    .filter((p) => p.scrollWidth > p.clientWidth + 1 || p.getBoundingClientRect().right > right + 1)
+    .map((p) => { const cs = getComputedStyle(p); canvas.font = `${cs.fontSize} ${cs.fontFamily}`;
+                  const room = p.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+                  const lines = p.textContent.split('\\n');
+                  const wide = lines.find((l) => canvas.measureText(l).width > room + 1) || lines[0];
+                  return {scroll: p.scrollWidth, client: p.clientWidth, line: wide.slice(0, 70)}; });
   return {scroll_width: document.scrollingElement.scrollWidth, inner_width: window.innerWidth,
-          column: [left, right], figures, equations, tables, code};
+          column: [left, right], figures, equations, tables, code, outputs};
 }"""
 
 
@@ -125,6 +135,18 @@ def test_tables_and_inline_code_fit_the_text_column(reader_visits, page, width):
     cut = [t["head"][:3] for t in r["tables"] if t["scroll"] > t["client"] + SLACK or t["right"] > r["column"][1] + SLACK]
     assert cut == [], f"{page} at {width} px: tables wider than the column (part of them off screen): {cut}"
     assert [c["text"] for c in r["code"]] == [], f"{page} at {width} px: inline code runs past its box"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_printed_output_fits_the_text_column(reader_visits, page, width):
+    """Issue 31: at 1280 and at 390 px no printed output (stdout, a value's text, a traceback) is wider
+    than its box or runs past the column. The rule: a reader never scrolls sideways to read what a
+    cell printed, not even inside its box: long lines wrap at the column (book/_static/selfattn.css)."""
+    r = reader_visits(page, width)
+    wide = [(o["scroll"], o["client"], o["line"]) for o in r["outputs"]]
+    assert wide == [], (f"{page} at {width} px: {len(wide)} output boxes wider than the column "
+                        f"(text width, box width, first line that does not fit): {wide[:5]}")
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
