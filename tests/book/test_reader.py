@@ -22,6 +22,7 @@ import re
 import pytest
 
 from .browser_support import (
+    MEASURE_JS,
     SETTLE_JS,
     chapter_pages,
     is_local,
@@ -37,53 +38,20 @@ WIDTHS = [1280, 390]
 SOLUTION_PROMPT = "Solution (click to show)"
 SLACK = 1  # px: sub-pixel rounding
 
-MEASURE_JS = """() => {
-  const article = document.querySelector('article.bd-article') || document.querySelector('main');
-  const style = getComputedStyle(article);
-  const box = article.getBoundingClientRect();
-  const left = box.left + parseFloat(style.paddingLeft), right = box.right - parseFloat(style.paddingRight);
-  const name = (e) => (e.textContent || '').trim().replace(/\\s+/g, ' ').slice(0, 70);
-  const overlap = (a, b) => a && b && a.width && b.width && a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
-  const figures = [...document.querySelectorAll('.plotly-graph-div')].map((d, i) => {
-    const svg = d.querySelector('svg.main-svg');
-    const r = (svg || d).getBoundingClientRect();
-    const legend = d.querySelector('.legend');
-    const legendBox = legend ? legend.getBoundingClientRect() : null;
-    const controls = [...d.querySelectorAll('.slider-container, .updatemenu-container')].map((c) => c.getBoundingClientRect());
-    return {index: i, left: r.left, right: r.right, width: r.width,
-            control_over_legend: controls.some((c) => overlap(c, legendBox))};
-  });
-  const equations = [...document.querySelectorAll('mjx-container[display="true"]')]
-    .map((m) => ({scroll: m.scrollWidth, client: m.clientWidth, right: m.getBoundingClientRect().right, text: name(m.parentElement)}));
-  const tables = [...article.querySelectorAll('table')].map((t) => ({scroll: t.scrollWidth, client: t.clientWidth,
-    right: t.getBoundingClientRect().right, head: [...t.querySelectorAll('th')].map(name)}));
-  const code = [...article.querySelectorAll('code.literal')].filter((c) => !c.closest('pre, table, .plotly-graph-div'))
-    .map((c) => { const holder = c.closest('.admonition, .cell_output, li, p') || article;
-                  const hr = holder.getBoundingClientRect(), cr = c.getBoundingClientRect();
-                  return {right: cr.right, limit: Math.min(hr.right, right), text: name(c)}; })
-    .filter((c) => c.right > c.limit + 1);
-  // Printed output: a box whose text is wider than the box (it would scroll sideways) or that ends
-  // past the column; the text of its first line that does not fit, measured in the box's own font.
-  const canvas = document.createElement('canvas').getContext('2d');
-  const outputs = [...article.querySelectorAll('div.cell_output div.output pre')]
-    .filter((p) => p.scrollWidth > p.clientWidth + 1 || p.getBoundingClientRect().right > right + 1)
-    .map((p) => { const cs = getComputedStyle(p); canvas.font = `${cs.fontSize} ${cs.fontFamily}`;
-                  const room = p.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
-                  const lines = p.textContent.split('\\n');
-                  const wide = lines.find((l) => canvas.measureText(l).width > room + 1) || lines[0];
-                  return {scroll: p.scrollWidth, client: p.clientWidth, line: wide.slice(0, 70)}; });
-  return {scroll_width: document.scrollingElement.scrollWidth, inner_width: window.innerWidth,
-          column: [left, right], figures, equations, tables, code, outputs};
-}"""
 
 
 @pytest.fixture(scope="session")
-def reader_visits(browser, site_url):
+def reader_visits(browser, site_url, offline_visits):
     """``get(page, width)`` -> measurements of the page (``MEASURE_JS``) and its console messages,
-    loaded once per width with every non-localhost request blocked."""
+    loaded once per width with every non-localhost request blocked. At 1280 px this is the load
+    ``offline_visits`` makes anyway (the same viewport, blocking and settling; it measures
+    ``MEASURE_JS`` too), so a page is not loaded twice at that width."""
     contexts, cache = {}, {}
 
     def get(page: str, width: int) -> dict:
+        if width == 1280:
+            record = offline_visits(page)
+            return {**record["measure"], "console": record["console"]}
         if (page, width) not in cache:
             if width not in contexts:
                 context = browser.new_context(viewport={"width": width, "height": 900})
