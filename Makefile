@@ -20,7 +20,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # cache on them). The cache is _build/.jupyter_cache; `make clean` removes it with the rest of _build.
 BOOK_FLAGS := -W -n --keep-going --all
 
-.PHONY: book test test-fast lint bench clean vendor browser
+.PHONY: book test test-fast nbval lint bench clean vendor browser
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -66,14 +66,32 @@ book: $(VENV)/.book $(VENV)/.vendor
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check src tests bench notebooks
 
-# Unit, parity and chapter tests and every notebook under nbval, on 2 workers; then the book is
-# built (warnings are errors) and tested as HTML and in a real browser. --durations lists the slowest
-# tests in CI's log, where the 30-minute budget (DESIGN.md) is watched.
+# The book is built from scratch (every chapter executed, warnings are errors; log in
+# _build/book-build.log, exit status in _build/book-build.rc) while the unit, parity and chapter tests
+# run on 2 workers; then the built book is tested as HTML and in a real browser (tests/book, with
+# SELFATTN_REUSE_BOOK=1: the build just made). Each chapter is executed once: the build runs every
+# notebook top to bottom in a fresh kernel and fails on any cell error (nb_execution_raise_on_error)
+# and, under -W, on stderr output; tests/book/test_build.py checks that every notebook of notebooks/
+# was executed, every code cell, with no error output -- what `pytest --nbval-lax notebooks` checks
+# (no cell is marked for output comparison), which `make nbval` still runs on its own.
+# --durations lists the slowest tests in CI's log, where the 30-minute budget (DESIGN.md) is watched.
+# Both test runs always run; the target fails if either (or the build) failed.
 test: lint $(VENV)/.vendor browser
+	rm -rf _build && mkdir -p _build
 	# One BLAS/OpenMP thread per worker: two workers already use both cores, and oversubscribed
-	# OpenMP threads spin and slow each other down many times over.
-	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --durations=15 --nbval-lax tests/unit tests/parity tests/chapters notebooks
-	$(PY) -m pytest --durations=15 tests/book
+	# OpenMP threads spin and slow each other down many times over (the build's kernels have one each).
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) scripts/build_book.py . -W -n --keep-going \
+	    > _build/book-build.out 2>&1 & book=$$!; \
+	  OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --durations=15 tests/unit tests/parity tests/chapters; \
+	  unit=$$?; wait $$book; built=$$?; echo $$built > _build/book-build.rc; \
+	  if [ $$built != 0 ]; then tail -n 60 _build/book-build.out; fi; \
+	  SELFATTN_REUSE_BOOK=1 $(PY) -m pytest --durations=15 tests/book; browser=$$?; \
+	  echo "unit/parity/chapters: exit $$unit; book build: exit $$built; book tests: exit $$browser"; \
+	  [ $$unit = 0 ] && [ $$built = 0 ] && [ $$browser = 0 ]
+
+# Every notebook under nbval (each cell runs without error in a fresh kernel), apart from the book.
+nbval: $(VENV)/.test
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --nbval-lax notebooks
 
 test-fast: $(VENV)/.test
 	$(PY) -m pytest -n 2 --dist loadfile tests/unit tests/parity tests/chapters

@@ -150,14 +150,57 @@ SETTLE_JS = """async () => {
 }"""
 
 
+# What a reader sees of a page's layout (test_reader.py's tests read it): the page's and the text
+# column's width, every figure, display equation, table, inline code and printed output box.
+MEASURE_JS = """() => {
+  const article = document.querySelector('article.bd-article') || document.querySelector('main');
+  const style = getComputedStyle(article);
+  const box = article.getBoundingClientRect();
+  const left = box.left + parseFloat(style.paddingLeft), right = box.right - parseFloat(style.paddingRight);
+  const name = (e) => (e.textContent || '').trim().replace(/\\s+/g, ' ').slice(0, 70);
+  const overlap = (a, b) => a && b && a.width && b.width && a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+  const figures = [...document.querySelectorAll('.plotly-graph-div')].map((d, i) => {
+    const svg = d.querySelector('svg.main-svg');
+    const r = (svg || d).getBoundingClientRect();
+    const legend = d.querySelector('.legend');
+    const legendBox = legend ? legend.getBoundingClientRect() : null;
+    const controls = [...d.querySelectorAll('.slider-container, .updatemenu-container')].map((c) => c.getBoundingClientRect());
+    return {index: i, left: r.left, right: r.right, width: r.width,
+            control_over_legend: controls.some((c) => overlap(c, legendBox))};
+  });
+  const equations = [...document.querySelectorAll('mjx-container[display="true"]')]
+    .map((m) => ({scroll: m.scrollWidth, client: m.clientWidth, right: m.getBoundingClientRect().right, text: name(m.parentElement)}));
+  const tables = [...article.querySelectorAll('table')].map((t) => ({scroll: t.scrollWidth, client: t.clientWidth,
+    right: t.getBoundingClientRect().right, head: [...t.querySelectorAll('th')].map(name)}));
+  const code = [...article.querySelectorAll('code.literal')].filter((c) => !c.closest('pre, table, .plotly-graph-div'))
+    .map((c) => { const holder = c.closest('.admonition, .cell_output, li, p') || article;
+                  const hr = holder.getBoundingClientRect(), cr = c.getBoundingClientRect();
+                  return {right: cr.right, limit: Math.min(hr.right, right), text: name(c)}; })
+    .filter((c) => c.right > c.limit + 1);
+  // Printed output: a box whose text is wider than the box (it would scroll sideways) or that ends
+  // past the column; the text of its first line that does not fit, measured in the box's own font.
+  const canvas = document.createElement('canvas').getContext('2d');
+  const outputs = [...article.querySelectorAll('div.cell_output div.output pre')]
+    .filter((p) => p.scrollWidth > p.clientWidth + 1 || p.getBoundingClientRect().right > right + 1)
+    .map((p) => { const cs = getComputedStyle(p); canvas.font = `${cs.fontSize} ${cs.fontFamily}`;
+                  const room = p.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+                  const lines = p.textContent.split('\\n');
+                  const wide = lines.find((l) => canvas.measureText(l).width > room + 1) || lines[0];
+                  return {scroll: p.scrollWidth, client: p.clientWidth, line: wide.slice(0, 70)}; });
+  return {scroll_width: document.scrollingElement.scrollWidth, inner_width: window.innerWidth,
+          column: [left, right], figures, equations, tables, code, outputs};
+}"""
+
+
 def is_local(url: str, base: str) -> bool:
     return url.startswith(base) or url.startswith("data:") or url.startswith("blob:") or url == "about:blank"
 
 
-def visit(context, url: str, base: str) -> dict:
+def visit(context, url: str, base: str, measure: bool = False) -> dict:
     """Open ``url`` in a new tab of ``context``, wait for figures, widgets and math; return a record:
     console messages by type, uncaught page errors, failed requests, HTTP errors, blocked requests
-    (non-localhost, if the context blocks them) and what was drawn (``SETTLE_JS``)."""
+    (non-localhost, if the context blocks them) and what was drawn (``SETTLE_JS``); with ``measure``,
+    also ``MEASURE_JS``'s layout measurements, under "measure"."""
     page = context.new_page()
     record = {"url": url, "console": [], "page_errors": [], "failed": [], "http_errors": []}
     page.on("console", lambda m: record["console"].append((m.type, m.text)))
@@ -167,6 +210,8 @@ def visit(context, url: str, base: str) -> dict:
     try:
         page.goto(url, wait_until="load", timeout=30000)
         record.update(page.evaluate(SETTLE_JS))
+        if measure:
+            record["measure"] = page.evaluate(MEASURE_JS)
     finally:
         page.close()
     return record
@@ -190,7 +235,8 @@ def offline_context(browser, base: str, blocked: list[str], **options):
 @pytest.fixture(scope="session")
 def offline_visits(browser, site_url):
     """``get(page)`` -> the record of ``visit`` for a toc page, loaded once per session with every
-    non-localhost request blocked; the console, offline and figure tests all read these records."""
+    non-localhost request blocked; the console, offline, figure and reader (at 1280 px) tests all
+    read these records."""
     cache: dict[str, dict] = {}
     blocked: list[str] = []
     context = offline_context(browser, site_url, blocked)
@@ -198,7 +244,7 @@ def offline_visits(browser, site_url):
     def get(page: str) -> dict:
         if page not in cache:
             start = len(blocked)
-            record = visit(context, f"{site_url}/{page}.html", site_url)
+            record = visit(context, f"{site_url}/{page}.html", site_url, measure=True)
             record["blocked"] = blocked[start:]
             cache[page] = record
         return cache[page]

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("SELFATTN_BOOK_BUILD", ROOT / "_build"))
 HTML = BUILD / "html"
 LOG = BUILD / "book-build.log"
+RC = BUILD / "book-build.rc"  # exit status of the build, written by `make test`
 
 
 @pytest.fixture(scope="session")
@@ -28,10 +29,14 @@ def book_build() -> subprocess.CompletedProcess:
     two at a time, as in `make book`; SELFATTN_BOOK_JOBS passes through to it.
 
     Set SELFATTN_REUSE_BOOK=1 to test an already built `_build/html` (e.g. right after `make book`).
+    `make test` builds the book while the unit tests run and then runs these tests with
+    SELFATTN_REUSE_BOOK=1; it writes the build's exit status to `_build/book-build.rc` (RC), which is
+    then the returncode here, and a failed build is reported, not built again.
     """
-    if os.environ.get("SELFATTN_REUSE_BOOK") == "1" and (HTML / "index.html").is_file():
+    if os.environ.get("SELFATTN_REUSE_BOOK") == "1" and ((HTML / "index.html").is_file() or RC.is_file()):
         text = LOG.read_text() if LOG.is_file() else ""
-        return subprocess.CompletedProcess(args=["reused"], returncode=0, stdout=text, stderr="")
+        returncode = int(RC.read_text().strip() or 1) if RC.is_file() else 0
+        return subprocess.CompletedProcess(args=["reused"], returncode=returncode, stdout=text, stderr="")
     # From scratch: every notebook is executed again (the execution cache, _build/.jupyter_cache,
     # goes with the rest of _build), so the site tested reflects the current src/ and notebooks.
     shutil.rmtree(BUILD, ignore_errors=True)

@@ -166,32 +166,6 @@ CONTRAST_JS = """() => {
 }"""
 
 
-@pytest.mark.parametrize("mode", ["light", "dark"])
-def test_light_and_dark_mode_are_legible(browser, site_url, artifacts, mode):
-    """Body text, and the text of every figure, has a WCAG contrast ratio >= 4.5 against its
-    background on every page, in the theme's light and dark mode; a screenshot of each page is kept
-    in test-artifacts/screenshots/<mode>/."""
-    shots = artifacts / "screenshots" / mode
-    shots.mkdir(parents=True, exist_ok=True)
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=mode)
-    context.add_init_script(f"localStorage.setItem('mode', '{mode}'); localStorage.setItem('theme', '{mode}');")
-    low = []
-    try:
-        tab = context.new_page()
-        for page in PAGES:
-            tab.goto(f"{site_url}/{page}.html", wait_until="load")
-            tab.wait_for_function(FIGURES_DRAWN_JS, timeout=20000)
-            tab.wait_for_timeout(200)
-            result = tab.evaluate(CONTRAST_JS)
-            assert result["theme"] == mode, f"{page}: the page is in {result['theme']} mode, not {mode}"
-            tab.screenshot(path=str(shots / f"{page_id(page)}.png"))
-            low += [(page, r["ratio"], r["text"]) for r in result["ratios"] if r["ratio"] < 4.5]
-            assert result["ratios"], f"{page}: no body text found to check"
-    finally:
-        context.close()
-    assert low == [], f"text below WCAG 4.5:1 in {mode} mode: {low[:10]}"
-
-
 # Every text node inside every cell output box (printed text, tables, exercise feedback, widgets'
 # labels, the live panel; not a figure's SVG, which CONTRAST_JS reads, nor the visually hidden figure
 # descriptions), each against the background it is drawn on, after every collapsed box (a hidden
@@ -224,23 +198,63 @@ OUTPUT_CONTRAST_JS = """async () => {
 }"""
 
 
+@pytest.fixture(scope="session")
+def themed_visits(browser, site_url, artifacts):
+    """``get(mode)`` -> {page: (CONTRAST_JS's result, OUTPUT_CONTRAST_JS's result or None)}: every page
+    loaded once per theme, at 1280 px, and measured in one go for the two legibility tests below
+    (figures, widgets and maths drawn first, ``SETTLE_JS``); the body text and figures are measured
+    and the screenshot taken before the output boxes' collapsed solutions are opened. A screenshot of
+    each page is kept in test-artifacts/screenshots/<mode>/."""
+    cache: dict[str, dict] = {}
+
+    def get(mode: str) -> dict:
+        if mode in cache:
+            return cache[mode]
+        shots = artifacts / "screenshots" / mode
+        shots.mkdir(parents=True, exist_ok=True)
+        context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=mode)
+        context.add_init_script(f"localStorage.setItem('mode', '{mode}'); localStorage.setItem('theme', '{mode}');")
+        results = {}
+        try:
+            tab = context.new_page()
+            for page in PAGES:
+                tab.goto(f"{site_url}/{page}.html", wait_until="load")
+                tab.wait_for_function(FIGURES_DRAWN_JS, timeout=20000)
+                tab.evaluate(SETTLE_JS)  # figures, widgets and maths drawn
+                body = tab.evaluate(CONTRAST_JS)
+                tab.screenshot(path=str(shots / f"{page_id(page)}.png"))
+                outputs = tab.evaluate(OUTPUT_CONTRAST_JS) if page in CHAPTERS else None
+                results[page] = (body, outputs)
+        finally:
+            context.close()
+        cache[mode] = results
+        return results
+
+    return get
+
+
 @pytest.mark.parametrize("mode", ["light", "dark"])
-def test_every_text_in_every_output_box_is_legible_in_light_and_dark_mode(browser, site_url, mode):
+def test_light_and_dark_mode_are_legible(themed_visits, mode):
+    """Body text, and the text of every figure, has a WCAG contrast ratio >= 4.5 against its
+    background on every page, in the theme's light and dark mode."""
+    low = []
+    for page, (result, _) in themed_visits(mode).items():
+        assert result["theme"] == mode, f"{page}: the page is in {result['theme']} mode, not {mode}"
+        low += [(page, r["ratio"], r["text"]) for r in result["ratios"] if r["ratio"] < 4.5]
+        assert result["ratios"], f"{page}: no body text found to check"
+    assert low == [], f"text below WCAG 4.5:1 in {mode} mode: {low[:10]}"
+
+
+@pytest.mark.parametrize("mode", ["light", "dark"])
+def test_every_text_in_every_output_box_is_legible_in_light_and_dark_mode(themed_visits, mode):
     """WCAG AA (contrast >= 4.5:1) for every text of every cell output box of every chapter page, in
     the theme's light and dark mode (issue 31.4: in dark mode the exercise feedback's text was 1.01:1,
     its title 3.1-3.6:1); the solutions' hidden outputs are opened first."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=mode)
-    context.add_init_script(f"localStorage.setItem('mode', '{mode}'); localStorage.setItem('theme', '{mode}');")
     low = []
-    try:
-        tab = context.new_page()
-        for page in CHAPTERS:
-            tab.goto(f"{site_url}/{page}.html", wait_until="load")
-            tab.evaluate(SETTLE_JS)  # figures, widgets and maths drawn
-            result = tab.evaluate(OUTPUT_CONTRAST_JS)
-            assert result["theme"] == mode, f"{page}: the page is in {result['theme']} mode, not {mode}"
-            assert result["checked"] >= 10, f"{page}: only {result['checked']} output texts found to check"
-            low += [(page.split("/")[-1][:2], round(r["ratio"], 2), r["tag"], r["cls"], r["text"]) for r in result["low"]]
-    finally:
-        context.close()
+    visits = themed_visits(mode)
+    for page in CHAPTERS:
+        result = visits[page][1]
+        assert result["theme"] == mode, f"{page}: the page is in {result['theme']} mode, not {mode}"
+        assert result["checked"] >= 10, f"{page}: only {result['checked']} output texts found to check"
+        low += [(page.split("/")[-1][:2], round(r["ratio"], 2), r["tag"], r["cls"], r["text"]) for r in result["low"]]
     assert low == [], f"{len(low)} output texts below WCAG 4.5:1 in {mode} mode: {low[:12]}"

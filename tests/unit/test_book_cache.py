@@ -18,21 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "build_book.py"
-EXT = ROOT / "book" / "_ext"
-FLAGS = ["-W", "-n", "--keep-going", "--all"]  # the Makefile's BOOK_FLAGS
-
-
-def _notebook(codes: list[str]) -> str:
-    cells = [{"cell_type": "markdown", "metadata": {}, "source": "# A chapter"}]
-    cells += [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": c}
-              for c in codes]
-    return json.dumps({
-        "cells": cells,
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-        "nbformat": 4, "nbformat_minor": 4,
-    })
+from .tiny_book import EXT, build, notebook, write_book
 
 
 def _count_run(me: str) -> str:
@@ -40,20 +26,11 @@ def _count_run(me: str) -> str:
 
 
 def _tiny_book(root: Path) -> Path:
-    (root / "notebooks").mkdir(parents=True)
+    write_book(root, "cache", "    selfattn_execution_inputs: [src]\n")
     (root / "src" / "tinypkg").mkdir(parents=True)
-    (root / "_config.yml").write_text(
-        "title: tiny\nonly_build_toc_files: true\n"
-        "execute:\n  execute_notebooks: cache\n  timeout: 300\n  allow_errors: false\n"
-        f"sphinx:\n  local_extensions:\n    selfattn_parallel_exec: {EXT}\n"
-        "  config:\n    nb_execution_raise_on_error: true\n    selfattn_execution_inputs: [src]\n"
-    )
-    (root / "_toc.yml").write_text(
-        "format: jb-book\nroot: intro\nchapters:\n  - file: notebooks/01_a\n  - file: notebooks/02_b\n")
-    (root / "intro.md").write_text("# Intro\n")
     (root / "src" / "tinypkg" / "__init__.py").write_text("from .numbers import value\n")
     _write_a(root, "print(f'a says {tinypkg.value()}')")
-    (root / "notebooks" / "02_b.ipynb").write_text(_notebook([
+    (root / "notebooks" / "02_b.ipynb").write_text(notebook([
         _count_run("b"),
         "import tinypkg\nprint(f'b says {tinypkg.value() + 1}')",
     ]))
@@ -61,7 +38,7 @@ def _tiny_book(root: Path) -> Path:
 
 
 def _write_a(book: Path, line: str) -> None:
-    (book / "notebooks" / "01_a.ipynb").write_text(_notebook([_count_run("a"), f"import tinypkg\n{line}"]))
+    (book / "notebooks" / "01_a.ipynb").write_text(notebook([_count_run("a"), f"import tinypkg\n{line}"]))
 
 
 def _set_value(book: Path, value: int) -> None:
@@ -69,10 +46,7 @@ def _set_value(book: Path, value: int) -> None:
 
 
 def _build(book: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "SELFATTN_BOOK_JOBS": "2", "PYTHONPATH": str(book / "src")}
-    env.pop("OMP_NUM_THREADS", None)
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(book), *FLAGS], capture_output=True,
-                          text=True, timeout=600, cwd=book, env=env)
+    proc = build(book, {**os.environ, "PYTHONPATH": str(book / "src")})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc
 

@@ -20,10 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "build_book.py"
-EXT = ROOT / "book" / "_ext"
-FLAGS = ["-W", "-n", "--keep-going", "--all"]  # the Makefile's BOOK_FLAGS
+from .tiny_book import EXT, ROOT, build, notebook, write_book
 
 RENDEZVOUS = """\
 import time
@@ -36,35 +33,14 @@ while not Path("started-{other}").exists():
     time.sleep(0.1)"""
 
 
-def _notebook(codes: list[str]) -> str:
-    cells = [{"cell_type": "markdown", "metadata": {}, "source": "# A chapter"}]
-    cells += [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": c}
-              for c in codes]
-    return json.dumps({
-        "cells": cells,
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-        "nbformat": 4, "nbformat_minor": 4,
-    })
-
-
 def _tiny_book(root: Path) -> Path:
-    nbs = root / "notebooks"
-    nbs.mkdir(parents=True)
-    (root / "_config.yml").write_text(
-        "title: tiny\nonly_build_toc_files: true\n"
-        "execute:\n  execute_notebooks: force\n  timeout: 300\n  allow_errors: false\n"
-        f"sphinx:\n  local_extensions:\n    selfattn_parallel_exec: {EXT}\n"
-        "  config:\n    nb_execution_raise_on_error: true\n"
-    )
-    (root / "_toc.yml").write_text(
-        "format: jb-book\nroot: intro\nchapters:\n  - file: notebooks/01_a\n  - file: notebooks/02_b\n")
-    (root / "intro.md").write_text("# Intro\n")
-    (nbs / "01_a.ipynb").write_text(_notebook([
+    nbs = write_book(root, "force") / "notebooks"
+    (nbs / "01_a.ipynb").write_text(notebook([
         RENDEZVOUS.format(me="a", other="b"),
         "import helper\nprint(f'value={helper.VALUE}')",
         "import os\nprint(f'threads={os.environ.get(\"OMP_NUM_THREADS\")}')",
     ]))
-    (nbs / "02_b.ipynb").write_text(_notebook([
+    (nbs / "02_b.ipynb").write_text(notebook([
         RENDEZVOUS.format(me="b", other="a"),
         "import helper\nok = helper.OK\nassert ok, f'helper.OK is {ok}'",
     ]))
@@ -76,10 +52,7 @@ def _build(book: Path, value: str, ok: bool) -> subprocess.CompletedProcess:
     (nbs / "helper.py").write_text(f"VALUE = {value!r}\nOK = {ok!r}\n")
     for flag in nbs.glob("started-*"):
         flag.unlink()
-    env = {**os.environ, "SELFATTN_BOOK_JOBS": "2"}
-    env.pop("OMP_NUM_THREADS", None)  # the kernels get it from the extension
-    return subprocess.run([sys.executable, str(SCRIPT), str(book), *FLAGS], capture_output=True,
-                          text=True, timeout=600, cwd=book, env=env)
+    return build(book, dict(os.environ))
 
 
 def _outputs(book: Path, stem: str) -> str:
