@@ -158,7 +158,7 @@ def test_in_proj_weight_stub_and_type():
 
 def _contributions(context, W_O, *, layout="blocks", scale=1.0):
     H, Dh = context.shape[1], context.shape[-1]
-    rows = [W_O[h * Dh:(h + 1) * Dh] if layout == "blocks" else W_O[h::H] for h in range(H)]
+    rows = [W_O[h * Dh:(h + 1) * Dh] if layout != "interleaved" else W_O[h::H] for h in range(H)]
     if layout == "reversed":
         rows = rows[::-1]
     return torch.stack([context[:, h] @ rows[h] for h in range(H)], dim=1) * scale
