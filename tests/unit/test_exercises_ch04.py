@@ -185,3 +185,39 @@ def test_causal_padded_weights_wrong_shape_type_and_crash():
     assert not fb and "NaN or inf" in fb.message
     fb = ch04.check_causal_padded_weights(lambda s, kk: s @ kk)
     assert not fb and "raised" in fb.message
+
+
+# 4.4 bottom-right causal mask
+
+
+def _bottom_right(T, S, *, offset=None, strict=False):
+    shift = (S - T) if offset is None else offset
+    j, i = torch.arange(S)[None, :], torch.arange(T)[:, None]
+    return j < i + shift if strict else j <= i + shift
+
+
+def test_bottom_right_mask_solutions_pass():
+    assert ch04.check_bottom_right_mask(_bottom_right)
+    assert ch04.check_bottom_right_mask(lambda T, S: selfattn.causal_mask(T, S, alignment="bottom_right"))
+
+
+def test_bottom_right_mask_names_each_mistake():
+    cases = [
+        (lambda T, S: _bottom_right(T, S, offset=0), "top-left"),
+        (lambda T, S: _bottom_right(T, S, strict=True), "diagonal is missing"),
+        (lambda T, S: ~_bottom_right(T, S), "polarity is reversed"),
+        (lambda T, S: _bottom_right(T, S).T, "shape (S, T)"),
+        (lambda T, S: _bottom_right(T, S).int(), "boolean"),
+    ]
+    for wrong, words in cases:
+        fb = ch04.check_bottom_right_mask(wrong)
+        assert not fb and fb.attempted and words in fb.message, (words, fb.message)
+
+
+def test_bottom_right_mask_stub_and_crash():
+    def stub(T, S):
+        raise NotImplementedError
+
+    assert not ch04.check_bottom_right_mask(stub).attempted
+    fb = ch04.check_bottom_right_mask(lambda T, S: torch.ones(T, S, dtype=torch.bool))
+    assert not fb and "should not see key" in fb.message

@@ -15,11 +15,12 @@ import torch
 from .. import ref
 from . import bool_mask_problem, call_learner, checker, compare_arrays, failed, passed, to_numpy
 
-__all__ = ["check_causal_mask", "check_masked_softmax", "check_causal_padded_weights"]
+__all__ = ["check_causal_mask", "check_masked_softmax", "check_causal_padded_weights", "check_bottom_right_mask"]
 
 _EX1 = "4.1 causal mask"
 _EX2 = "4.2 masked softmax"
 _EX3 = "4.3 causal and padding masks together"
+_EX4 = "4.4 a causal mask for new queries after a prefix"
 
 
 @checker(_EX1)
@@ -208,3 +209,42 @@ def check_causal_padded_weights(fn):
     if not np.allclose(sums[~empty], 1.0, atol=1e-4):
         return failed(_EX3, "Each row with a visible key must sum to 1 over the keys (softmax over the last axis, dim=-1).")
     return compare_arrays(_EX3, got, expected, what="Your weights", atol=1e-5, rtol=1e-5) or failed(_EX3, "Wrong weights.")
+
+
+@checker(_EX4)
+def check_bottom_right_mask(fn):
+    """``fn(T, S)`` for T new queries after S - T earlier tokens (T <= S) must return the (T, S) boolean
+    keep-mask of the bottom-right alignment: query i (position S - T + i) may attend to key j <= i + S - T."""
+    for T, S in ((3, 7), (1, 5), (4, 4)):
+        got = call_learner(_EX4, fn, T, S)
+        problem = bool_mask_problem(got)
+        if problem is not None:
+            return failed(_EX4, problem)
+        arr = to_numpy(got)
+        if arr is None:
+            return failed(_EX4, f"Return a tensor; got {type(got).__name__}.")
+        if arr.shape == (S, T) and S != T:
+            return failed(_EX4, f"The mask has shape (S, T) = {arr.shape}: one row per query, so it is (T, S) = ({T}, {S}).")
+        if arr.shape != (T, S):
+            return failed(_EX4, f"For T={T}, S={S} the mask should have shape ({T}, {S}); got {arr.shape}.")
+        mask = arr.astype(bool)
+        expected = ref.causal_mask(T, S, alignment="bottom_right")
+        if np.array_equal(mask, expected):
+            continue
+        words = {
+            "top": "You aligned the queries to the first keys (top-left): query i sees keys j <= i. The new queries "
+                   "come after S - T earlier tokens, so query i sees j <= i + (S - T) (bottom-right).",
+            "strict": "The diagonal is missing: query i is the token at position i + S - T and must see itself, "
+                      "j <= i + S - T, not j < i + S - T.",
+            "flip": "The polarity is reversed: True means 'may attend'. Invert your mask with ~.",
+        }
+        top = ref.causal_mask(T, S, alignment="top_left")
+        strict = np.arange(S)[None, :] < np.arange(T)[:, None] + (S - T)
+        for key, wrong in (("top", top), ("strict", strict), ("flip", ~expected)):
+            if np.array_equal(mask, wrong):
+                return failed(_EX4, words[key])
+        i, j = np.argwhere(mask != expected)[0]
+        return failed(_EX4, f"For T={T}, S={S}: query {i} (position {S - T + i}) should "
+                            f"{'see' if expected[i, j] else 'not see'} key {j}.")  # fmt: skip
+    return passed(_EX4, "arange(S)[None, :] <= arange(T)[:, None] + (S - T): the last query sees every key, as in "
+                        "decoding with a cache.")  # fmt: skip
