@@ -202,3 +202,45 @@ def test_pre_norm_block_shape_nan_stub_and_crash():
     assert not fb and "raised RuntimeError" in fb.message
     fb = ch07.check_pre_norm_block(lambda x, attn, p, eps: x + 1.0)
     assert not fb and "wrong values" in fb.message
+
+
+# 7.4 RMSNorm
+
+
+def _rms(x, g, eps, *, dim=-1, mean=True, eps_inside=True, centre=False, gain=True, root=True):
+    if centre:
+        x = x - x.mean(dim=dim, keepdim=True)
+    sq = x.pow(2).mean(dim=dim, keepdim=True) if mean else x.pow(2).sum(dim=dim, keepdim=True)
+    if centre:
+        sq = x.pow(2).mean(dim=-1, keepdim=True)
+    denom = (torch.sqrt(sq + eps) if eps_inside else torch.sqrt(sq) + eps) if root else sq + eps
+    return (g if gain else 1.0) * x / denom
+
+
+def test_rms_norm_solution_passes():
+    assert ch07.check_rms_norm(_rms)
+
+
+def test_rms_norm_names_each_mistake():
+    cases = [
+        ({"centre": True}, "that is layer norm"),
+        ({"eps_inside": False}, "eps is in the wrong place"),
+        ({"mean": False}, "sum of squares"),
+        ({"dim": -2}, "over the positions"),
+        ({"gain": False}, "gain g is missing"),
+        ({"root": False}, "not its square root"),
+    ]
+    for kwargs, words in cases:
+        fb = ch07.check_rms_norm(lambda x, g, eps, kwargs=kwargs: _rms(x, g, eps, **kwargs))
+        assert not fb and fb.attempted and words in fb.message, (kwargs, fb.message)
+
+
+def test_rms_norm_shape_nan_stub():
+    def stub(x, g, eps):
+        raise NotImplementedError
+
+    assert not ch07.check_rms_norm(stub).attempted
+    fb = ch07.check_rms_norm(lambda x, g, eps: _rms(x, g, eps).mean(-1))
+    assert not fb and "shape" in fb.message
+    fb = ch07.check_rms_norm(lambda x, g, eps: x / 0.0)
+    assert not fb and "NaN or inf" in fb.message

@@ -11,8 +11,9 @@ import torch
 
 from .. import ref
 from . import call_learner, checker, compare_arrays, failed, passed, to_numpy
+from ._judge import judge
 
-__all__ = ["check_layer_norm", "check_post_norm_block", "check_pre_norm_block"]
+__all__ = ["check_layer_norm", "check_post_norm_block", "check_pre_norm_block", "check_rms_norm"]
 
 _EPS = 0.1  # large enough that where eps goes changes the result visibly
 # A right answer computed in float32 is off by ~3e-7 here and passes; every typical mistake is off by
@@ -235,3 +236,31 @@ def check_pre_norm_block(fn):
         return bad
     return passed(_EX3, "h = x + attn(LN1(x)); out = h + FFN(LN2(h)): normalise each sublayer's input, "
                         "add its output to the raw stream. This is selfattn.TransformerBlock's forward.")  # fmt: skip
+
+
+_EX4 = "7.4 RMSNorm"
+
+
+@checker(_EX4)
+def check_rms_norm(fn):
+    """``fn(x, g, eps)`` for x (B, T, D) float64 and the gain g (D,) must return RMSNorm,
+    ``g * x / sqrt(mean(x**2) + eps)`` over the last axis (no mean subtracted, no shift)."""
+    x, g, _ = _layer_norm_inputs()
+    eps = _EPS
+    got = call_learner(_EX4, fn, torch.from_numpy(x.copy()), torch.from_numpy(g.copy()), eps)
+    expected = ref.rms_norm(x, g, eps=eps)
+    ms = (x**2).mean(-1, keepdims=True)
+    mistakes = [
+        (lambda: _layer_norm_variant(x, g, np.zeros_like(g)), "You subtracted the mean: that is layer norm. RMSNorm "
+                                                              "only rescales, x / sqrt(mean(x**2) + eps), no centring."),
+        (lambda: g * x / (np.sqrt(ms) + eps), "eps is in the wrong place: divide by sqrt(mean(x**2) + eps), not by "
+                                              "sqrt(mean(x**2)) + eps."),
+        (lambda: g * x / np.sqrt((x**2).sum(-1, keepdims=True) + eps), "You used the sum of squares; RMSNorm uses their "
+                                                                       "mean (the root-mean-square): divide by D."),
+        (lambda: g * x / np.sqrt((x**2).mean(-2, keepdims=True) + eps), "You took the mean over the positions (axis -2); "
+                                                                        "RMSNorm uses each position's D features (the last axis)."),
+        (lambda: x / np.sqrt(ms + eps), "The gain g is missing: multiply the normalised x by g."),
+        (lambda: g * x / (ms + eps), "You divided by the mean square, not its square root."),
+    ]  # fmt: skip
+    return judge(_EX4, got, expected, mistakes, what="rms_norm(x, g, eps)", atol=_ATOL,
+                 right="g * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps): what selfattn.modern.RMSNorm computes.")
