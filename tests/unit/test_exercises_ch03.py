@@ -179,7 +179,7 @@ def test_batched_attention_names_each_mistake():
 def test_batched_attention_one_return_value_and_crash():
     fb = ch03.check_batched_attention(lambda Q, K, V: _batched(Q, K, V)[0])
     assert not fb and "Return a pair" in fb.message
-    fb = ch03.check_batched_attention(lambda Q, K, V: Q @ K.T)
+    fb = ch03.check_batched_attention(lambda Q, K, V: Q @ K)
     assert not fb and "raised" in fb.message
     fb = ch03.check_batched_attention(lambda Q, K, V: (_batched(Q, K, V)[0][0], _batched(Q, K, V)[1]))
     assert not fb and "shape" in fb.message
