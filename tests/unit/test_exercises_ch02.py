@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from selfattn.exercises import ch02
 
@@ -104,3 +105,71 @@ def test_stable_softmax_names_a_low_precision_dtype_instead_of_blaming_the_row_s
         assert "compute and return float64" in fb.message
     fb = ch02.check_stable_softmax(lambda x: np.exp(x).astype(np.float16))  # wrong maths stays wrong maths
     assert not fb.ok and "you returned" not in fb.message
+
+
+# 2.3 stable log-softmax and 2.4 cross-entropy
+
+
+def _log_softmax(x, axis=-1):
+    m = x.max(axis=axis, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=axis, keepdims=True))
+
+
+def test_log_softmax_solutions_pass():
+    assert ch02.check_log_softmax(_log_softmax)
+    assert ch02.check_log_softmax(lambda x: torch.log_softmax(torch.from_numpy(x), dim=-1))
+
+
+def test_log_softmax_names_each_mistake():
+    cases = [
+        (lambda x: np.log(np.exp(x) / np.exp(x).sum(-1, keepdims=True)), "underflows"),
+        (lambda x: _log_softmax(x, axis=0), "axis 0"),
+        (lambda x: x - x.max(-1, keepdims=True), "but not log(sum(exp(x - m)))"),
+        (lambda x: x - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)), "forgot to subtract m"),
+        (lambda x: -_log_softmax(x), "sign is flipped"),
+    ]
+    for wrong, words in cases:
+        with np.errstate(all="ignore"):
+            fb = ch02.check_log_softmax(wrong)
+        assert not fb and fb.attempted and words in fb.message, (words, fb.message)
+
+
+def test_log_softmax_shape_type_stub():
+    assert not ch02.check_log_softmax(lambda x: (_ for _ in ()).throw(NotImplementedError)).attempted
+    fb = ch02.check_log_softmax(lambda x: _log_softmax(x)[0])
+    assert not fb and "shape" in fb.message
+    fb = ch02.check_log_softmax(lambda x: "x")
+    assert not fb and "array or tensor" in fb.message
+
+
+def _cross_entropy(logits, y):
+    return -_log_softmax(logits)[np.arange(len(y)), y].mean()
+
+
+def test_cross_entropy_solutions_pass():
+    assert ch02.check_cross_entropy(_cross_entropy)
+    assert ch02.check_cross_entropy(lambda z, y: torch.nn.functional.cross_entropy(torch.from_numpy(z), torch.from_numpy(y)))
+
+
+def test_cross_entropy_names_each_mistake():
+    n = np.arange
+    cases = [
+        (lambda z, y: -_log_softmax(z)[n(len(y)), y], "one loss per example"),
+        (lambda z, y: np.log(np.exp(z) / np.exp(z).sum(-1, keepdims=True))[n(len(y)), y].mean() * -1, "underflows"),
+        (lambda z, y: _log_softmax(z)[n(len(y)), y].mean(), "sign is missing"),
+        (lambda z, y: -_log_softmax(z)[n(len(y)), y].sum(), "summed over the examples"),
+        (lambda z, y: -np.exp(_log_softmax(z))[n(len(y)), y].mean(), "averaged the probabilities"),
+        (lambda z, y: -_log_softmax(z).mean(), "every class"),
+        (lambda z, y: -z[n(len(y)), y].mean(), "raw logits"),
+    ]
+    for wrong, words in cases:
+        with np.errstate(all="ignore"):
+            fb = ch02.check_cross_entropy(wrong)
+        assert not fb and fb.attempted and words in fb.message, (words, fb.message)
+
+
+def test_cross_entropy_shape_and_crash():
+    fb = ch02.check_cross_entropy(lambda z, y: _log_softmax(z))
+    assert not fb and "shape" in fb.message
+    fb = ch02.check_cross_entropy(lambda z, y: z[y.astype(float)])
+    assert not fb and "raised IndexError" in fb.message

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from selfattn import ref
 from selfattn.exercises import ch03
@@ -103,3 +104,82 @@ def test_checks_accept_float32_torch_and_einsum_answers():
 
     assert ch03.check_attention(attention_torch)
     assert ch03.check_weighted_sum(lambda w, V: torch.tensor(w, dtype=torch.float32) @ torch.tensor(V, dtype=torch.float32))
+
+
+# 3.3 self-attention from X and 3.4 batched attention
+
+
+def _softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _self_attention(X, W_Q, W_K, W_V, *, scale=None, axis=-1, keys="K", values="V"):
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    K = Q if keys == "Q" else K
+    V = X if values == "X" else V
+    if keys == "swap":
+        Q, K = K, Q
+    d = scale if scale is not None else math.sqrt(W_Q.shape[1])
+    return _softmax(Q @ K.T / d, axis=axis) @ V
+
+
+def test_self_attention_solution_passes():
+    assert ch03.check_self_attention(_self_attention)
+
+
+def test_self_attention_names_each_mistake():
+    cases = [
+        ({"scale": 1.0}, "forgot the scale"),
+        ({"scale": math.sqrt(6)}, "scaled by sqrt(D)"),
+        ({"axis": 0}, "over the queries"),
+        ({"keys": "Q"}, "keys are the queries"),
+        ({"values": "X"}, "values are X itself"),
+        ({"keys": "swap"}, "Queries and keys are swapped"),
+    ]
+    for kwargs, words in cases:
+        fb = ch03.check_self_attention(lambda *a, kwargs=kwargs: _self_attention(*a, **kwargs))
+        assert not fb and fb.attempted and words in fb.message, (kwargs, fb.message)
+
+
+def test_self_attention_shape_nan_stub():
+    def stub(X, W_Q, W_K, W_V):
+        raise NotImplementedError
+
+    assert not ch03.check_self_attention(stub).attempted
+    fb = ch03.check_self_attention(lambda *a: _self_attention(*a).T)
+    assert not fb and "shape" in fb.message
+    fb = ch03.check_self_attention(lambda *a: _self_attention(*a) * np.nan)
+    assert not fb and "NaN" in fb.message
+
+
+def _batched(Q, K, V, *, scale=None, dim=-1, order="cw"):
+    d = scale if scale is not None else math.sqrt(Q.shape[-1])
+    weights = torch.softmax(Q @ K.transpose(-2, -1) / d, dim=dim)
+    context = weights @ V
+    return (context, weights) if order == "cw" else (weights, context)
+
+
+def test_batched_attention_solution_passes():
+    assert ch03.check_batched_attention(_batched)
+
+
+def test_batched_attention_names_each_mistake():
+    cases = [
+        ({"scale": 1.0}, "forgot the scale"),
+        ({"scale": 5.0}, "divided the scores by Dh"),
+        ({"dim": -2}, "over the queries"),
+        ({"order": "wc"}, "wrong order"),
+    ]
+    for kwargs, words in cases:
+        fb = ch03.check_batched_attention(lambda Q, K, V, kwargs=kwargs: _batched(Q, K, V, **kwargs))
+        assert not fb and fb.attempted and words in fb.message, (kwargs, fb.message)
+
+
+def test_batched_attention_one_return_value_and_crash():
+    fb = ch03.check_batched_attention(lambda Q, K, V: _batched(Q, K, V)[0])
+    assert not fb and "Return a pair" in fb.message
+    fb = ch03.check_batched_attention(lambda Q, K, V: Q @ K)
+    assert not fb and "raised" in fb.message
+    fb = ch03.check_batched_attention(lambda Q, K, V: (_batched(Q, K, V)[0][0], _batched(Q, K, V)[1]))
+    assert not fb and "shape" in fb.message

@@ -118,3 +118,106 @@ def test_causal_mask_one_dtype_rule_for_tensors_arrays_and_lists():
         assert not feedback, name
         assert "boolean tensor (True = may attend)" in feedback.message, (name, feedback.message)
         assert "you returned dtype" in feedback.message and ".bool()" in feedback.message, feedback.message
+
+
+# 4.3 causal and padding masks together
+
+
+def _weights_solution(scores, key_keep, *, causal=True, padding=True, fill=float("-inf"), after=False,
+                      guard=True, padding_on="keys"):
+    T = scores.shape[-1]
+    keep = torch.ones(scores.shape, dtype=torch.bool)
+    if causal:
+        keep = keep & torch.tril(torch.ones(T, T, dtype=torch.bool))
+    if padding:
+        keep = keep & (key_keep[:, None, :] if padding_on == "keys" else key_keep[:, :, None])
+    if after:
+        return torch.softmax(scores, dim=-1) * keep
+    scores = scores.masked_fill(~keep, fill)
+    if not guard:
+        return torch.softmax(scores, dim=-1)
+    row_max = scores.amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    e = torch.exp(scores - row_max)
+    total = e.sum(dim=-1, keepdim=True)
+    return e / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def test_causal_padded_weights_solutions_pass():
+    assert ch04.check_causal_padded_weights(_weights_solution)
+    causal = selfattn.causal_mask
+    assert ch04.check_causal_padded_weights(
+        lambda s, kk: selfattn.masked_softmax(s, torch.as_tensor(causal(s.shape[-1]))[None] & kk[:, None, :]))
+
+
+def test_causal_padded_weights_not_attempted():
+    def stub(scores, key_keep):
+        raise NotImplementedError
+
+    assert not ch04.check_causal_padded_weights(stub).attempted
+
+
+def test_causal_padded_weights_names_each_mistake():
+    cases = [
+        ({"causal": False}, "causal mask is missing"),
+        ({"padding": False}, "padding mask is missing"),
+        ({"fill": 0.0}, "set the blocked scores to 0, not to -inf"),
+        ({"after": True}, "applied the mask after the softmax"),
+        ({"guard": False}, "softmax is 0/0"),
+        ({"fill": -1e9}, "finite fill value (-1e9)"),
+        ({"padding_on": "queries"}, "went along the queries"),
+    ]
+    for kwargs, words in cases:
+        fb = ch04.check_causal_padded_weights(lambda s, kk, kwargs=kwargs: _weights_solution(s, kk, **kwargs))
+        assert not fb and fb.attempted and words in fb.message, (kwargs, fb.message)
+    fb = ch04.check_causal_padded_weights(lambda s, kk: _weights_solution(s, ~kk))
+    assert not fb and "polarity is reversed" in fb.message
+
+
+def test_causal_padded_weights_wrong_shape_type_and_crash():
+    fb = ch04.check_causal_padded_weights(lambda s, kk: _weights_solution(s, kk)[0])
+    assert not fb and "(B, T, T)" in fb.message
+    fb = ch04.check_causal_padded_weights(lambda s, kk: torch.softmax(s[:, None] + torch.zeros_like(s)[:, :, None], -1))
+    assert not fb and "shape" in fb.message
+    fb = ch04.check_causal_padded_weights(lambda s, kk: "weights")
+    assert not fb and "Return a tensor" in fb.message
+    fb = ch04.check_causal_padded_weights(lambda s, kk: s * float("inf"))
+    assert not fb and "NaN or inf" in fb.message
+    fb = ch04.check_causal_padded_weights(lambda s, kk: s @ kk)
+    assert not fb and "raised" in fb.message
+
+
+# 4.4 bottom-right causal mask
+
+
+def _bottom_right(T, S, *, offset=None, strict=False):
+    shift = (S - T) if offset is None else offset
+    j, i = torch.arange(S)[None, :], torch.arange(T)[:, None]
+    return j < i + shift if strict else j <= i + shift
+
+
+def test_bottom_right_mask_solutions_pass():
+    assert ch04.check_bottom_right_mask(_bottom_right)
+    assert ch04.check_bottom_right_mask(lambda T, S: selfattn.causal_mask(T, S, alignment="bottom_right"))
+
+
+def test_bottom_right_mask_names_each_mistake():
+    cases = [
+        (lambda T, S: _bottom_right(T, S, offset=0), "top-left"),
+        (lambda T, S: _bottom_right(T, S, strict=True), "diagonal is missing"),
+        (lambda T, S: ~_bottom_right(T, S), "polarity is reversed"),
+        (lambda T, S: _bottom_right(T, S).T, "shape (S, T)"),
+        (lambda T, S: _bottom_right(T, S).int(), "boolean"),
+    ]
+    for wrong, words in cases:
+        fb = ch04.check_bottom_right_mask(wrong)
+        assert not fb and fb.attempted and words in fb.message, (words, fb.message)
+
+
+def test_bottom_right_mask_stub_and_crash():
+    def stub(T, S):
+        raise NotImplementedError
+
+    assert not ch04.check_bottom_right_mask(stub).attempted
+    fb = ch04.check_bottom_right_mask(lambda T, S: torch.ones(T, S, dtype=torch.bool))
+    assert not fb and "should not see key" in fb.message

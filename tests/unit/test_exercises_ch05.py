@@ -116,3 +116,73 @@ def test_padding_mask_one_dtype_rule_for_tensors_arrays_and_lists():
         assert not feedback, name
         assert "boolean tensor (True = may attend)" in feedback.message, (name, feedback.message)
         assert "you returned dtype" in feedback.message and ".bool()" in feedback.message, feedback.message
+
+
+# 5.3 cross-attention with a key padding mask and 5.4 mean pooling
+
+
+def _masked_cross(Q, K, V, key_keep, *, scale=True, fill=float("-inf"), after=False, mask=True, flip=False):
+    scores = Q @ K.transpose(-2, -1) / (math.sqrt(Q.shape[-1]) if scale else 1.0)
+    keep = (~key_keep if flip else key_keep)[:, None, :]
+    if not mask:
+        return torch.softmax(scores, dim=-1) @ V
+    if after:
+        return torch.softmax(scores, dim=-1) * keep @ V
+    return torch.softmax(scores.masked_fill(~keep, fill), dim=-1) @ V
+
+
+def test_masked_cross_attention_solution_passes():
+    assert ch05.check_masked_cross_attention(_masked_cross)
+
+
+def test_masked_cross_attention_names_each_mistake():
+    cases = [
+        ({"mask": False}, "not applied"),
+        ({"flip": True}, "polarity is reversed"),
+        ({"fill": 0.0}, "not to -inf"),
+        ({"after": True}, "after the softmax"),
+        ({"scale": False}, "forgot the scale"),
+    ]
+    for kwargs, words in cases:
+        fb = ch05.check_masked_cross_attention(lambda *a, kwargs=kwargs: _masked_cross(*a, **kwargs))
+        assert not fb and fb.attempted and words in fb.message, (kwargs, fb.message)
+
+
+def test_masked_cross_attention_shape_nan_crash():
+    fb = ch05.check_masked_cross_attention(lambda Q, K, V, kk: _masked_cross(Q, K, V, kk)[0])
+    assert not fb and "shape" in fb.message
+    fb = ch05.check_masked_cross_attention(lambda Q, K, V, kk: _masked_cross(Q, K, V, kk) * float("nan"))
+    assert not fb and "NaN" in fb.message
+    fb = ch05.check_masked_cross_attention(lambda Q, K, V, kk: Q.masked_fill(~kk[:, :, None], 0.0))
+    assert not fb and "raised RuntimeError" in fb.message
+
+
+def _mean_pool(H, keep):
+    k = keep[..., None].to(H.dtype)
+    return (H * k).sum(dim=1) / k.sum(dim=1)
+
+
+def test_mean_pool_solution_passes():
+    assert ch05.check_mean_pool(_mean_pool)
+
+
+def test_mean_pool_names_each_mistake():
+    cases = [
+        (lambda H, keep: H.mean(dim=1), "padding included"),
+        (lambda H, keep: (H * keep[..., None]).sum(dim=1) / H.shape[1], "divided by S"),
+        (lambda H, keep: (H * keep[..., None]).sum(dim=1), "did not divide"),
+        (lambda H, keep: (H * ~keep[..., None]).sum(dim=1) / (~keep).sum(dim=1, keepdim=True).clamp(min=1), "polarity is reversed"),
+        (lambda H, keep: (H * keep[..., None]).mean(dim=-1), "over the features"),
+    ]
+    for wrong, words in cases:
+        fb = ch05.check_mean_pool(wrong)
+        assert not fb and fb.attempted and words in fb.message, (words, fb.message)
+
+
+def test_mean_pool_stub_and_type():
+    def stub(H, keep):
+        raise NotImplementedError
+
+    assert not ch05.check_mean_pool(stub).attempted
+    fb = ch05.check_mean_pool(lambda H, keep: None)
+    assert not fb and "return" in fb.message

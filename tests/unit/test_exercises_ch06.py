@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from selfattn import merge_heads, split_heads
 from selfattn.exercises import ch06
 
@@ -123,3 +125,68 @@ def test_mha_accepts_a_list_pair():
     assert ch06.check_multi_head_attention(lambda X, *W: list(_mha(X, *W)))
     fb = ch06.check_multi_head_attention(lambda X, *W: [_mha(X, *W)[0]])
     assert not fb.ok and "pair (out, weights)" in fb.message and "list" in fb.message
+
+
+# 6.3 the fused in_proj_weight and 6.4 per-head contributions
+
+
+def test_in_proj_weight_solutions_pass():
+    assert ch06.check_in_proj_weight(lambda q, k, v: torch.cat([q.T, k.T, v.T], dim=0))
+    assert ch06.check_in_proj_weight(lambda q, k, v: torch.cat([q, k, v], dim=1).T)
+
+
+def test_in_proj_weight_names_each_mistake():
+    cases = [
+        (lambda q, k, v: torch.cat([q, k, v], dim=0), "not transposed"),
+        (lambda q, k, v: torch.cat([k.T, q.T, v.T], dim=0), "order is wrong"),
+        (lambda q, k, v: torch.cat([v.T, k.T, q.T], dim=0), "order is reversed"),
+        (lambda q, k, v: torch.cat([q.T, k.T, v.T], dim=1), "stacked along the columns"),
+    ]
+    for wrong, words in cases:
+        fb = ch06.check_in_proj_weight(wrong)
+        assert not fb and fb.attempted and words in fb.message, (words, fb.message)
+
+
+def test_in_proj_weight_stub_and_type():
+    def stub(q, k, v):
+        raise NotImplementedError
+
+    assert not ch06.check_in_proj_weight(stub).attempted
+    fb = ch06.check_in_proj_weight(lambda q, k, v: [q, k, v])
+    assert not fb and "shape" in fb.message
+
+
+def _contributions(context, W_O, *, layout="blocks", scale=1.0):
+    H, Dh = context.shape[1], context.shape[-1]
+    rows = [W_O[h * Dh:(h + 1) * Dh] if layout != "interleaved" else W_O[h::H] for h in range(H)]
+    if layout == "reversed":
+        rows = rows[::-1]
+    return torch.stack([context[:, h] @ rows[h] for h in range(H)], dim=1) * scale
+
+
+def test_head_contributions_solution_passes_and_sums_to_the_output():
+    assert ch06.check_head_contributions(_contributions)
+
+
+def test_head_contributions_names_each_mistake():
+    cases = [
+        ({"layout": "interleaved"}, "every H-th row"),
+        ({"scale": 1 / 3}, "divided by H"),
+        ({"layout": "reversed"}, "reverse order"),
+    ]
+    for kwargs, words in cases:
+        fb = ch06.check_head_contributions(lambda c, w, kwargs=kwargs: _contributions(c, w, **kwargs))
+        assert not fb and fb.attempted and words in fb.message, (kwargs, fb.message)
+    Dh = 4
+    fb = ch06.check_head_contributions(
+        lambda c, w: torch.stack([c[:, h] @ w[h * Dh:(h + 1) * Dh, h * Dh:(h + 1) * Dh] for h in range(3)], dim=1))
+    assert not fb and "sliced the columns" in fb.message
+    fb = ch06.check_head_contributions(lambda c, w: _contributions(c, w).sum(dim=1))
+    assert not fb and "summed output" in fb.message
+
+
+def test_head_contributions_nan_and_crash():
+    fb = ch06.check_head_contributions(lambda c, w: _contributions(c, w) * float("inf"))
+    assert not fb and "NaN or inf" in fb.message
+    fb = ch06.check_head_contributions(lambda c, w: c @ w)
+    assert not fb and "raised RuntimeError" in fb.message

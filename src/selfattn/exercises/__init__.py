@@ -4,6 +4,9 @@ Each chapter has its own module (``selfattn.exercises.ch02``...). A check return
 :class:`Feedback`, which is truthy only when the answer is right, prints as one line, and shows as a
 coloured box in a notebook. A check never raises because the learner's code is wrong: an
 exception inside the learner's function becomes feedback that names it. Introduced in chapter 00.
+
+Every check made with :func:`checker` registers its exercise when its chapter module is imported and
+records its verdicts; :func:`progress` lists them for the chapters imported in this kernel.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["Feedback", "passed", "failed", "not_attempted", "call_learner", "checker", "compare_arrays", "to_numpy", "bool_mask_problem", "is_empty_stub"]
+__all__ = ["Feedback", "passed", "failed", "not_attempted", "call_learner", "checker", "compare_arrays", "to_numpy", "bool_mask_problem", "is_empty_stub", "progress"]
 
 
 @dataclass(frozen=True)
@@ -130,15 +133,95 @@ def call_learner(exercise: str, fn: Callable, *args, **kwargs):
     return result
 
 
+# The progress registry: exercise name -> its chapter module and the learner's latest verdict. A check
+# registers its exercise when its module is imported (the @checker below), so every chapter's checks take
+# part without code of their own.
+_REGISTRY: dict[str, dict] = {}
+
+
+def _learner_name(args, kwargs) -> str | None:
+    """The name of the first function handed to a check, None for a lambda or a chapter's own solution
+    (``..._solution``): those show the check at work and are not the learner's attempt."""
+    for value in (*args, *kwargs.values()):
+        if callable(value):
+            name = getattr(value, "__name__", None)
+            if not isinstance(name, str) or name == "<lambda>" or name.endswith("_solution"):
+                return None
+            return name
+    return None
+
+
+def _record(exercise: str, args, kwargs, feedback: Feedback) -> None:
+    """Keep ``feedback`` as the exercise's verdict when it judged the learner's function: the first
+    function checked for an exercise (the stub the chapter asks to fill in) is the one followed; a
+    function of another name (a chapter's demonstration of a wrong answer) does not change the verdict."""
+    entry = _REGISTRY.get(exercise)
+    name = _learner_name(args, kwargs)
+    if entry is None or name is None:
+        return
+    if entry["name"] is None:
+        entry["name"] = name
+    if entry["name"] == name:
+        entry["feedback"] = feedback
+
+
+def _status(feedback: Feedback | None) -> str:
+    if feedback is None or not getattr(feedback, "attempted", True):
+        return "not attempted"
+    return "passed" if bool(feedback) else "failed"
+
+
+def progress(*, file=None) -> dict[str, str]:
+    """Print, per chapter whose exercises were imported in this kernel, which exercises passed, failed or
+    are not attempted yet (a stub that raises ``NotImplementedError`` counts as not attempted, and so does
+    an exercise never checked).
+
+    Args:
+        file: where to print (default ``sys.stdout``).
+
+    Returns:
+        ``{exercise name: "passed" | "failed" | "not attempted"}``, in chapter order. Chapter 00.
+    """
+    import sys
+
+    out = sys.stdout if file is None else file
+    result = {name: _status(entry["feedback"]) for name, entry in _REGISTRY.items()}
+    if not result:
+        print("No exercises yet in this kernel: run a chapter's exercise cells, then progress() again.", file=out)
+        return result
+    by_chapter: dict[str, list[str]] = {}
+    for name, entry in _REGISTRY.items():
+        by_chapter.setdefault(entry["module"].rsplit(".", 1)[-1], []).append(name)
+    for module in sorted(by_chapter):
+        names = sorted(by_chapter[module], key=_exercise_order)
+        counts = {s: sum(result[n] == s for n in names) for s in ("passed", "failed", "not attempted")}
+        print(f"Chapter {module[2:]}: {counts['passed']} of {len(names)} passed, {counts['failed']} failed, "
+              f"{counts['not attempted']} not attempted", file=out)  # fmt: skip
+        for name in names:
+            print(f"  {result[name]:<14} {name}", file=out)
+    return {name: result[name] for module in sorted(by_chapter) for name in sorted(by_chapter[module], key=_exercise_order)}  # fmt: skip
+
+
+def _exercise_order(name: str):
+    number = re.match(r"(\d+)\.(\d+)", name)
+    return (int(number.group(1)), int(number.group(2)), name) if number else (10**6, 0, name)
+
+
 def checker(exercise: str):
-    """Decorator for check functions: a ``_LearnerError`` raised inside becomes the returned Feedback."""
+    """Decorator for check functions: a ``_LearnerError`` raised inside becomes the returned Feedback.
+
+    It also registers ``exercise`` for :func:`progress` and records each verdict on the learner's function."""
 
     def wrap(check):
+        _REGISTRY.setdefault(exercise, {"module": check.__module__, "name": None, "feedback": None})
+
         def run(*args, **kwargs) -> Feedback:
             try:
-                return check(*args, **kwargs)
+                feedback = check(*args, **kwargs)
             except _LearnerError as err:
-                return err.feedback
+                feedback = err.feedback
+            _record(exercise, args, kwargs, feedback)
+            return feedback
 
         run.__name__ = check.__name__
         run.__doc__ = check.__doc__

@@ -1,4 +1,8 @@
-"""Checks for the exercises of chapter 02 (similarity and softmax)."""
+"""Checks for the exercises of chapter 02 (similarity and softmax).
+
+2.1 a stable softmax; 2.2 scaled scores; 2.3 a stable log-softmax; 2.4 the mean cross-entropy loss of the
+chapter's training loop, from the logits and the answers.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,9 @@ import numpy as np
 
 from .. import ref
 from . import call_learner, checker, compare_arrays, failed, passed, to_numpy
+from ._judge import judge
 
-__all__ = ["check_stable_softmax", "check_scaled_scores"]
+__all__ = ["check_stable_softmax", "check_scaled_scores", "check_log_softmax", "check_cross_entropy"]
 
 
 def _naive_softmax(x: np.ndarray, axis: int) -> np.ndarray:
@@ -114,3 +119,88 @@ def check_scaled_scores(fn):
     if bad is not None:
         return bad
     return passed(ex, "Q @ K.T / sqrt(Q.shape[-1]): the head's width, whatever the model's.")
+
+
+_EX3 = "2.3 stable log-softmax"
+_EX4 = "2.4 cross-entropy loss"
+
+
+def _log_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    m = x.max(axis=axis, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=axis, keepdims=True))
+
+
+@checker(_EX3)
+def check_log_softmax(fn):
+    """``fn(x)`` must return ``log softmax(x)`` along the last axis of a NumPy array, finite for scores in
+    the thousands: ``x - m - log(sum(exp(x - m)))`` with m each row's maximum."""
+    rng = np.random.default_rng(23)
+    x = rng.normal(size=(4, 6)) * np.array([[0.5], [3.0], [300.0], [1000.0]])  # rows 2, 3: large scores
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        got = call_learner(_EX3, fn, x.copy())
+    expected = _log_softmax(x)
+    arr = to_numpy(got)
+    if arr is not None and arr.shape == x.shape and not np.isfinite(arr).all():
+        if np.isfinite(arr[:2]).all():
+            return failed(_EX3, "Right on small scores, but rows with scores in the hundreds give -inf or NaN: "
+                                "log(softmax(x)) underflows (softmax is 0 far below the maximum, log 0 = -inf) and "
+                                "exp(x) overflows. Compute x - m - log(sum(exp(x - m))) with m the row maximum.")  # fmt: skip
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        mistakes = [
+            (lambda: _log_softmax(x, axis=0), "You normalised over axis 0 (the columns); take the maximum and the "
+                                              "log-sum-exp over the last axis (axis=-1, keepdims=True)."),
+            (lambda: x - x.max(axis=-1, keepdims=True), "You subtracted the maximum but not log(sum(exp(x - m))): "
+                                                        "the exponentials of your result do not sum to one."),
+            (lambda: x - np.log(np.exp(x - x.max(axis=-1, keepdims=True)).sum(axis=-1, keepdims=True)),
+             "You subtracted log(sum(exp(x - m))) but forgot to subtract m itself: log softmax(x) = x - m - "
+             "log(sum(exp(x - m)))."),
+            (lambda: ref.softmax(x), "You returned the softmax, not its logarithm."),
+            (lambda: -_log_softmax(x), "The sign is flipped: log-probabilities are <= 0."),
+        ]  # fmt: skip
+        return judge(_EX3, got, expected, mistakes, what="log_softmax(x)", atol=1e-9,
+                     right="x - m - log(sum(exp(x - m))) over the last axis: finite for any finite scores, "
+                           "and exp of it is the softmax.")  # fmt: skip
+
+
+@checker(_EX4)
+def check_cross_entropy(fn):
+    """``fn(logits, y)`` for logits (N, C) float64 and integer answers y (N,) must return the mean
+    cross-entropy ``-(1/N) sum_n log softmax(logits[n])[y[n]]`` in nats, a single number (as
+    ``F.cross_entropy``)."""
+    rng = np.random.default_rng(24)
+    N, C = 6, 5
+    logits = rng.normal(size=(N, C)) * 2
+    logits[1] *= 200  # a confident row: a plain log(softmax) gives -inf there
+    y = rng.integers(0, C, size=N)
+    y[1] = int(np.argmin(logits[1]))  # the confident row is wrong, so its loss is large
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        got = call_learner(_EX4, fn, logits.copy(), y.copy())
+    lsm = _log_softmax(logits)
+    picked = lsm[np.arange(N), y]
+    expected = np.array(-picked.mean())
+    arr = to_numpy(got)
+    if arr is not None and arr.size == 1:
+        arr = arr.reshape(())
+        got = arr
+    if arr is not None and arr.shape == (N,):
+        if np.allclose(arr, -picked, atol=1e-9):
+            return failed(_EX4, "You returned one loss per example; the loss is their mean (a single number): .mean().")
+    if arr is not None and arr.shape == () and not np.isfinite(arr):
+        return failed(_EX4, "The loss is inf or NaN: log(softmax) of a confident wrong row underflows to log 0. "
+                            "Use a stable log-softmax (exercise 2.3) and pick log_softmax(logits)[n, y[n]].")  # fmt: skip
+    probs = ref.softmax(logits)
+    mistakes = [
+        (np.array(picked.mean()), "The sign is missing: the loss is minus the mean log-probability of the answers, so it is >= 0."),
+        (np.array(-picked.sum()), "You summed over the examples; F.cross_entropy (and this course) takes the mean: divide by N."),
+        (np.array(-probs[np.arange(N), y].mean()), "You averaged the probabilities of the answers; the loss averages their "
+                                                   "logarithms: -mean(log softmax(logits)[n, y[n]])."),
+        (np.array(-lsm[y, np.arange(N) % C].mean()) if N >= C else None, "You indexed rows by the answers; pick "
+                                                                          "log_softmax(logits)[n, y[n]]: row n, column y[n]."),
+        (np.array(-lsm.mean()), "You averaged the log-probabilities of every class; pick only the answer's: "
+                                "log_softmax(logits)[torch.arange(N), y]."),
+        (np.array(-(logits[np.arange(N), y]).mean()), "You took the raw logits of the answers; take their log-softmax "
+                                                      "first, so that the other classes count too."),
+    ]  # fmt: skip
+    mistakes = [(wrong, words) for wrong, words in mistakes if wrong is not None]
+    return judge(_EX4, got, expected, mistakes, what="The loss", atol=1e-9,
+                 right="-log_softmax(logits)[arange(N), y].mean(): what F.cross_entropy(logits, y) computes.")

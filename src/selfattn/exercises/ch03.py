@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from .. import ref
 from . import call_learner, checker, compare_arrays, failed, passed, to_numpy
+from ._judge import judge
 
-__all__ = ["check_attention", "check_weighted_sum"]
+__all__ = ["check_attention", "check_weighted_sum", "check_self_attention", "check_batched_attention"]
 
 
 @checker("3.1 attention from Q, K, V")
@@ -107,3 +109,73 @@ def check_weighted_sum(fn):
         return bad
     return passed(ex, "sum_j w[j] * V[j] = w @ V: the output is a mixture of the value rows, with the weights "
                       "as mixing proportions.")
+
+
+_EX3 = "3.3 self-attention from X"
+_EX4 = "3.4 batched attention with its weights"
+
+
+def _sdpa(Q, K, V, *, scale=True, axis=-1, scale_by=None):
+    Dh = Q.shape[-1]
+    scores = Q @ np.swapaxes(K, -1, -2)
+    scores = scores / (scale_by if scale_by is not None else (math.sqrt(Dh) if scale else 1.0))
+    weights = ref.softmax(scores, axis=axis)
+    return weights @ V, weights
+
+
+@checker(_EX3)
+def check_self_attention(fn):
+    """``fn(X, W_Q, W_K, W_V)`` with X (T, D) and the projections W_Q, W_K (D, Dh), W_V (D, Dv) (NumPy
+    float64) must return the context (T, Dv) of self-attention: Q = X W_Q, K = X W_K, V = X W_V, then
+    ``softmax(Q K^T / sqrt(Dh)) V``."""
+    rng = np.random.default_rng(33)
+    T, D, Dh, Dv = 5, 6, 4, 3
+    X = rng.normal(size=(T, D))
+    W_Q, W_K, W_V = rng.normal(size=(D, Dh)), rng.normal(size=(D, Dh)), rng.normal(size=(D, Dv))
+    got = call_learner(_EX3, fn, X.copy(), W_Q.copy(), W_K.copy(), W_V.copy())
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    expected = _sdpa(Q, K, V)[0]
+    arr = to_numpy(got)
+    if arr is not None and arr.shape == (T, D) and np.allclose(arr, _sdpa(Q, K, X)[0], atol=1e-9):
+        return failed(_EX3, "Your values are X itself (the context has X's width D): compute V = X W_V.")
+    mistakes = [
+        (lambda: _sdpa(Q, K, V, scale=False)[0], "You forgot the scale: divide the scores by sqrt(Dh) = sqrt(W_Q.shape[1]) before the softmax."),
+        (lambda: _sdpa(Q, K, V, scale_by=math.sqrt(D))[0], "You scaled by sqrt(D), the width of X; scale by sqrt(Dh), the width of the queries and keys."),
+        (lambda: _sdpa(Q, K, V, axis=0)[0], "The softmax ran over the queries (axis 0): each query's weights over the keys must sum to 1, so take it over the last axis."),
+        (lambda: _sdpa(Q, Q, V)[0], "Your keys are the queries (X W_Q): compute K = X W_K."),
+        (lambda: _sdpa(K, Q, V)[0], "Queries and keys are swapped: the scores are Q K^T with Q = X W_Q (one row per query)."),
+    ]  # fmt: skip
+    return judge(_EX3, got, expected, mistakes, what="The context", atol=1e-9,
+                 right="Q, K, V = X W_Q, X W_K, X W_V; softmax(Q K^T / sqrt(Dh)) V: every position asks, every "
+                       "position answers.")  # fmt: skip
+
+
+@checker(_EX4)
+def check_batched_attention(fn):
+    """``fn(Q, K, V)`` for torch float64 Q (B, T, Dh), K (B, S, Dh), V (B, S, Dv) must return the pair
+    ``(context (B, T, Dv), weights (B, T, S))`` of scaled dot-product attention, each batch element on its
+    own."""
+    gen = torch.Generator().manual_seed(34)
+    B, T, S, Dh, Dv = 2, 3, 4, 5, 2
+    Q, K, V = (torch.randn(B, n, d, generator=gen, dtype=torch.float64) for n, d in ((T, Dh), (S, Dh), (S, Dv)))
+    got = call_learner(_EX4, fn, Q.clone(), K.clone(), V.clone())
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        return failed(_EX4, f"Return a pair (context, weights); got {type(got).__name__}"
+                            f"{' of length ' + str(len(got)) if isinstance(got, (tuple, list)) else ''}.")  # fmt: skip
+    context, weights = got
+    q, k, v = Q.numpy(), K.numpy(), V.numpy()
+    exp_context, exp_weights = _sdpa(q, k, v)
+    c_arr, w_arr = to_numpy(context), to_numpy(weights)
+    if c_arr is not None and w_arr is not None and c_arr.shape == exp_weights.shape and w_arr.shape == exp_context.shape:
+        return failed(_EX4, "The pair is in the wrong order: return (context, weights), the context first.")
+    wrong_weights = [
+        (lambda: _sdpa(q, k, v, scale=False)[1], "You forgot the scale: divide the scores by sqrt(Dh) before the softmax."),
+        (lambda: _sdpa(q, k, v, scale_by=Dh)[1], "You divided the scores by Dh; divide by sqrt(Dh)."),
+        (lambda: _sdpa(q, k, v, axis=-2)[1], "The softmax ran over the queries (dim=-2): each query's weights over the keys must sum to 1, so use dim=-1."),
+    ]  # fmt: skip
+    verdict = judge(_EX4, weights, exp_weights, wrong_weights, what="The weights", atol=1e-9)
+    if not verdict:
+        return verdict
+    return judge(_EX4, context, exp_context, [], what="The context",
+                 atol=1e-9, right="scores = Q @ K.transpose(-2, -1) / sqrt(Dh), weights = softmax over dim=-1, "
+                                  "context = weights @ V: the batch axis rides along in every product.")  # fmt: skip

@@ -1,6 +1,7 @@
 """Checks for the exercises of chapter 05 (cross-attention and padding).
 
-5.1 a key-padding keep-mask from the true lengths; 5.2 cross-attention from one sequence to another.
+5.1 a key-padding keep-mask from the true lengths; 5.2 cross-attention from one sequence to another;
+5.3 batched cross-attention under a key padding mask; 5.4 a mean over the real tokens only.
 The checks name the usual mistakes: the other library's polarity, an off-by-one at the last real
 token, ignoring the padded length S, keys and values taken from the queries' sequence, queries
 from the wrong one, the weights returned instead of the context, scaling by d_model.
@@ -15,8 +16,9 @@ import torch
 
 from .. import ref
 from . import bool_mask_problem, call_learner, checker, compare_arrays, failed, passed, to_numpy
+from ._judge import judge
 
-__all__ = ["check_padding_mask", "check_cross_attention"]
+__all__ = ["check_padding_mask", "check_cross_attention", "check_masked_cross_attention", "check_mean_pool"]
 
 _EX1 = "5.1 padding mask"
 _EX2 = "5.2 cross-attention"
@@ -132,3 +134,79 @@ def check_cross_attention(fn):
         return wrong
     return passed(_EX2, "softmax((X_q W_Q)(X_kv W_K)^T / sqrt(d_head)) (X_kv W_V): the same function as "
                         "self-attention, with the keys and values read from the other sequence.")  # fmt: skip
+
+
+_EX3 = "5.3 cross-attention with a key padding mask"
+_EX4 = "5.4 mean pooling over the real tokens"
+
+
+def _masked_attention(Q, K, V, keep, *, scale=True, fill=None, after=False):
+    scores = Q @ np.swapaxes(K, -1, -2) / (math.sqrt(Q.shape[-1]) if scale else 1.0)
+    if after:
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        return (e / e.sum(-1, keepdims=True) * keep) @ V
+    if fill is not None:
+        scores = np.where(keep, scores, fill)
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True) @ V
+    return ref.softmax(scores, mask=np.broadcast_to(keep, scores.shape)) @ V
+
+
+@checker(_EX3)
+def check_masked_cross_attention(fn):
+    """``fn(Q, K, V, key_keep)`` for torch float64 Q (B, T, Dh) from the decoder, K, V (B, S, Dh) from the
+    padded encoder output and a boolean key_keep (B, S) (True = a real source token) must return the context
+    (B, T, Dh): scaled dot-product attention in which no query reads a pad key."""
+    gen = torch.Generator().manual_seed(53)
+    B, T, S, Dh = 2, 3, 5, 4
+    Q, K, V = (torch.randn(B, n, Dh, generator=gen, dtype=torch.float64) for n in (T, S, S))
+    V[0, 4:] += 10.0  # the pad keys' values are large: reading them shows
+    V[1, 3:] += 10.0
+    key_keep = torch.tensor([[True, True, True, True, False], [True, True, True, False, False]])
+    got = call_learner(_EX3, fn, Q.clone(), K.clone(), V.clone(), key_keep.clone())
+    q, k, v, kk = Q.numpy(), K.numpy(), V.numpy(), key_keep.numpy()[:, None, :]
+    expected = _masked_attention(q, k, v, kk)
+    mistakes = [
+        (lambda: _masked_attention(q, k, v, np.ones_like(kk)), "The padding mask is not applied: queries read the pad "
+                                                               "keys of sequence 1. Set their scores to -inf before the softmax."),
+        (lambda: _masked_attention(q, k, v, ~kk), "The polarity is reversed: True in key_keep marks a real token, which "
+                                                  "may be read; you kept the pad keys."),
+        (lambda: _masked_attention(q, k, v, kk, fill=0.0), "You set the pad keys' scores to 0, not to -inf: exp(0) = 1, "
+                                                          "so they still get weight. Use masked_fill(~key_keep[:, None, :], float('-inf'))."),
+        (lambda: _masked_attention(q, k, v, kk, after=True), "You masked the weights after the softmax: the pad keys get "
+                                                             "0 but the rows no longer sum to 1. Mask the scores (-inf) before the softmax."),
+        (lambda: _masked_attention(q, k, v, kk, scale=False), "You forgot the scale: divide the scores by sqrt(Dh) before the softmax."),
+    ]  # fmt: skip
+    return judge(_EX3, got, expected, mistakes, what="The context", atol=1e-9,
+                 right="scores.masked_fill(~key_keep[:, None, :], -inf): the mask is (B, 1, S), one row per "
+                       "sequence, shared by all its queries.")  # fmt: skip
+
+
+@checker(_EX4)
+def check_mean_pool(fn):
+    """``fn(H, keep)`` for torch float64 encoder outputs H (B, S, D) and a boolean keep (B, S) (True = a real
+    token) must return the (B, D) mean of each sequence's real token vectors, the padding left out."""
+    gen = torch.Generator().manual_seed(54)
+    B, S, D = 3, 5, 4
+    H = torch.randn(B, S, D, generator=gen, dtype=torch.float64)
+    keep = torch.tensor([[True] * 5, [True, True, False, False, False], [True, True, True, True, False]])
+    H[~keep] += 7.0  # padding vectors far from the real ones
+    got = call_learner(_EX4, fn, H.clone(), keep.clone())
+    h, kk = H.numpy(), keep.numpy()[:, :, None]
+    counts = kk.sum(axis=1)
+    expected = (h * kk).sum(axis=1) / counts
+    mistakes = [
+        (lambda: h.mean(axis=1), "You averaged over every position, padding included: multiply by the mask and "
+                                 "divide by the number of real tokens, keep.sum(dim=1)."),
+        (lambda: (h * kk).sum(axis=1) / S, "You left the padding out of the sum but divided by S; divide by the "
+                                           "number of real tokens of each sequence, keep.sum(dim=1, keepdim=True)."),
+        (lambda: (h * kk).sum(axis=1), "You summed the real tokens but did not divide by their number."),
+        (lambda: (h * ~kk).sum(axis=1) / np.maximum((~kk).sum(axis=1), 1), "The polarity is reversed: you averaged the "
+                                                                          "padding; True in keep marks a real token."),
+    ]  # fmt: skip
+    arr = to_numpy(got)
+    if arr is not None and arr.shape == (B, S):
+        return failed(_EX4, "The result has shape (B, S): you averaged over the features (dim=-1); average over the "
+                            "positions (dim=1), one D-vector per sequence.")  # fmt: skip
+    return judge(_EX4, got, expected, mistakes, what="The pooled vectors", atol=1e-9,
+                 right="(H * keep[..., None]).sum(1) / keep.sum(1, keepdim=True): padding changes nothing.")

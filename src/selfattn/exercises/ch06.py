@@ -13,8 +13,9 @@ import torch
 
 from .. import ref
 from . import call_learner, checker, compare_arrays, failed, passed, to_numpy
+from ._judge import judge
 
-__all__ = ["check_split_merge_heads", "check_multi_head_attention"]
+__all__ = ["check_split_merge_heads", "check_multi_head_attention", "check_in_proj_weight", "check_head_contributions"]
 
 _B, _T, _D, _H = 2, 5, 12, 3  # distinct sizes, so that a swapped axis shows in the shape
 _DH = _D // _H
@@ -164,3 +165,64 @@ def check_multi_head_attention(fn):
     if bad is not None:
         return bad
     return passed(ex, "Project, split, attend per head with 1/sqrt(d_head), merge, then W_O.")
+
+
+_EX3 = "6.3 PyTorch's fused in_proj_weight"
+_EX4 = "6.4 each head's contribution to the output"
+
+
+@checker(_EX3)
+def check_in_proj_weight(fn):
+    """``fn(W_Q, W_K, W_V)`` for three (D, D) float64 tensors in this course's layout (x @ W) must return the
+    (3D, D) ``in_proj_weight`` of ``torch.nn.MultiheadAttention``: the rows W_Q^T, then W_K^T, then W_V^T
+    (``nn.Linear`` stores (out, in))."""
+    gen = torch.Generator().manual_seed(63)
+    W_Q, W_K, W_V = (torch.randn(_D, _D, generator=gen, dtype=torch.float64) for _ in range(3))
+    got = call_learner(_EX3, fn, W_Q.clone(), W_K.clone(), W_V.clone())
+    q, k, v = W_Q.numpy(), W_K.numpy(), W_V.numpy()
+    expected = np.concatenate([q.T, k.T, v.T], axis=0)
+    arr = to_numpy(got)
+    if arr is not None and arr.shape == (_D, 3 * _D):
+        return failed(_EX3, f"The shape is (D, 3D) = {arr.shape}: you stacked along the columns; in_proj_weight "
+                            "is (3D, D), the three blocks one below the other (torch.cat(..., dim=0)).")  # fmt: skip
+    mistakes = [
+        (np.concatenate([q, k, v], axis=0), "The blocks are not transposed: nn.Linear stores its weight as (out, in) "
+                                            "and computes x W^T, so each block is W^T (W_Q.T, W_K.T, W_V.T)."),
+        (np.concatenate([k.T, q.T, v.T], axis=0), "The order is wrong: PyTorch's rows are queries first, then keys, then values."),
+        (np.concatenate([v.T, k.T, q.T], axis=0), "The order is reversed: PyTorch's rows are W_Q^T, W_K^T, W_V^T, in that order."),
+    ]  # fmt: skip
+    return judge(_EX3, got, expected, mistakes, what="in_proj_weight", atol=0,
+                 right="torch.cat([W_Q.T, W_K.T, W_V.T], dim=0): what MultiHeadAttention.to_torch writes.")
+
+
+@checker(_EX4)
+def check_head_contributions(fn):
+    """``fn(context, W_O)`` for the per-head contexts (B, H, T, Dh) and W_O (D, D), D = H * Dh (float64
+    tensors, heads concatenated in order) must return the (B, H, T, D) contributions ``context[:, h] @
+    W_O[h*Dh:(h+1)*Dh]``, whose sum over the heads is the merged context times W_O."""
+    gen = torch.Generator().manual_seed(64)
+    context = torch.randn(_B, _H, _T, _DH, generator=gen, dtype=torch.float64)
+    W_O = torch.randn(_D, _D, generator=gen, dtype=torch.float64)
+    got = call_learner(_EX4, fn, context.clone(), W_O.clone())
+    c, w = context.numpy(), W_O.numpy()
+    blocks = w.reshape(_H, _DH, _D)  # (H, Dh, D): the rows of head h
+    expected = np.einsum("bhtd,hde->bhte", c, blocks)
+    arr = to_numpy(got)
+    if arr is not None and arr.shape == (_B, _H, _T, _DH):
+        return failed(_EX4, "Each contribution has Dh columns: you sliced the columns of W_O. Head h's block is a "
+                            "slice of rows, W_O[h * Dh:(h + 1) * Dh] (Dh, D), so each head writes a D-vector.")  # fmt: skip
+    if arr is not None and arr.shape == (_B, _T, _D):
+        return failed(_EX4, "You returned the summed output (B, T, D); return one contribution per head, "
+                            "(B, H, T, D), without summing over H.")  # fmt: skip
+    interleaved = np.stack([w[h::_H] for h in range(_H)])  # rows h, h + H, ...
+    mistakes = [
+        (np.einsum("bhtd,hde->bhte", c, interleaved), "You took every H-th row of W_O (W_O[h::H]): the heads are "
+                                                      "concatenated in blocks, so head h owns the contiguous rows "
+                                                      "h * Dh to (h + 1) * Dh."),
+        (expected / _H, "You divided by H: the output is the *sum* of the heads' contributions, not their mean."),
+        (np.einsum("bhtd,hde->bhte", c, blocks[::-1]), "The heads' blocks are in reverse order: head h owns rows "
+                                                      "h * Dh to (h + 1) * Dh."),
+    ]  # fmt: skip
+    return judge(_EX4, got, expected, mistakes, what="The contributions", atol=1e-9,
+                 right="context[:, h] @ W_O[h * Dh:(h + 1) * Dh] for each head; their sum over h is the "
+                       "layer's output before b_O.")  # fmt: skip

@@ -11,8 +11,9 @@ import torch
 
 from .. import ref
 from . import call_learner, checker, compare_arrays, failed, passed, to_numpy
+from ._judge import judge
 
-__all__ = ["check_layer_norm", "check_post_norm_block"]
+__all__ = ["check_layer_norm", "check_post_norm_block", "check_pre_norm_block", "check_rms_norm"]
 
 _EPS = 0.1  # large enough that where eps goes changes the result visibly
 # A right answer computed in float32 is off by ~3e-7 here and passes; every typical mistake is off by
@@ -161,3 +162,105 @@ def check_post_norm_block(fn):
     if bad is not None:
         return bad
     return passed(ex, "h = ln1(x + attn(x)); out = ln2(h + ffn(h)): add, then normalise, twice.")
+
+
+_EX3 = "7.3 pre-norm block from its parts"
+_PRE_PARAMS = ("ln1_gamma", "ln1_beta", "ln2_gamma", "ln2_beta", "W_1", "b_1", "W_2", "b_2")
+
+
+def _pre_norm_variant(x, p, attn, eps, *, order="pre", res1=True, res2=True, act="gelu", ln2_reads="h",
+                      swap_norms=False, ddof=0, res_from_norm=False):
+    """The pre-norm block and its usual slips, in NumPy: ``attn`` maps (B, T, D) arrays to (B, T, D)."""
+    def ln(v, which):
+        g, b = (p["ln2_gamma"], p["ln2_beta"]) if (which == 1) == swap_norms else (p["ln1_gamma"], p["ln1_beta"])
+        mean = v.mean(-1, keepdims=True)
+        return g * (v - mean) / np.sqrt(v.var(-1, ddof=ddof, keepdims=True) + eps) + b
+
+    def ffn(v):
+        z = v @ p["W_1"] + p["b_1"]
+        hidden = {"gelu": ref.gelu, "relu": lambda t: np.maximum(t, 0.0), "none": lambda t: t}[act](z)
+        return hidden @ p["W_2"] + p["b_2"]
+
+    if order == "post":
+        h = ln(x + attn(x), 1)
+        return ln(h + ffn(h), 2)
+    a = attn(ln(x, 1))
+    h = (ln(x, 1) if res_from_norm else x) + a if res1 else a
+    f = ffn(ln(h if ln2_reads == "h" else x, 2))
+    return h + f if res2 else f  # fmt: skip
+
+
+@checker(_EX3)
+def check_pre_norm_block(fn):
+    """``fn(x, attn, p, eps)`` for x (B, T, D) float64, the attention sublayer ``attn`` (a callable
+    (B, T, D) -> (B, T, D) on torch tensors) and ``p`` a dict of float64 tensors ``ln1_gamma, ln1_beta,
+    ln2_gamma, ln2_beta`` (D,), ``W_1`` (D, F), ``b_1`` (F,), ``W_2`` (F, D), ``b_2`` (D,) must return the
+    pre-norm block (GPT-2's order): ``h = x + attn(LN1(x))``, ``out = h + FFN(LN2(h))`` with
+    ``FFN(v) = gelu(v W_1 + b_1) W_2 + b_2`` (exact GELU) and layer norms with eps inside the root."""
+    x, params, H, eps, parts = _block_parts(seed=11)
+    attn_torch = parts[0]
+    p = {name: params[name] for name in _PRE_PARAMS}
+    p_torch = {name: torch.from_numpy(value.copy()) for name, value in p.items()}
+    got = call_learner(_EX3, fn, torch.from_numpy(x.copy()), attn_torch, p_torch, eps)
+    expected = ref.pre_norm_block(x, params, H, eps=eps)
+    arr = to_numpy(got)
+    if arr is not None and arr.shape == expected.shape and np.isfinite(arr).all() and not np.allclose(arr, expected, atol=_ATOL):
+        def attn(v):
+            return to_numpy(attn_torch(torch.from_numpy(np.ascontiguousarray(v))))
+
+        mistakes = [
+            ({"order": "post"}, "This is the post-norm block (add, then normalise: ln(x + attn(x))); the pre-norm "
+                                "block normalises the sublayer's input and adds the raw x back: h = x + attn(LN1(x))."),
+            ({"res1": False, "res2": False}, "Both residual connections are missing: add each sublayer's output to its "
+                                             "input, h = x + attn(LN1(x)) and out = h + FFN(LN2(h))."),
+            ({"res1": False}, "The first residual connection is missing: h = x + attn(LN1(x)), not attn(LN1(x))."),
+            ({"res2": False}, "The second residual connection is missing: out = h + FFN(LN2(h)), not FFN(LN2(h))."),
+            ({"res_from_norm": True}, "The residual adds the normalised input LN1(x); it must add the raw x: "
+                                      "h = x + attn(LN1(x)), so that the residual stream is never normalised."),
+            ({"ln2_reads": "x"}, "The feed-forward sublayer read LN2(x); it must read LN2(h), the stream after the "
+                                 "attention sublayer."),
+            ({"act": "none"}, "The feed-forward has no nonlinearity: apply GELU between the two linear maps, "
+                              "gelu(v W_1 + b_1) W_2 + b_2."),
+            ({"act": "relu"}, "You used ReLU in the feed-forward; this block uses the exact GELU "
+                              "(torch.nn.functional.gelu)."),
+            ({"swap_norms": True}, "ln1 and ln2 are swapped: ln1's gamma and beta belong to the attention sublayer, "
+                                   "ln2's to the feed-forward one."),
+            ({"ddof": 1}, "Your layer norms use the unbiased variance (divide by D - 1); layer norm divides by D "
+                          "(correction=0), as in exercise 7.1."),
+        ]  # fmt: skip
+        for kwargs, words in mistakes:
+            if np.allclose(arr, _pre_norm_variant(x, p, attn, eps, **kwargs), atol=_ATOL):
+                return failed(_EX3, words)
+    bad = compare_arrays(_EX3, got, expected, what="The block's output", atol=_ATOL, rtol=_ATOL)
+    if bad is not None:
+        return bad
+    return passed(_EX3, "h = x + attn(LN1(x)); out = h + FFN(LN2(h)): normalise each sublayer's input, "
+                        "add its output to the raw stream. This is selfattn.TransformerBlock's forward.")  # fmt: skip
+
+
+_EX4 = "7.4 RMSNorm"
+
+
+@checker(_EX4)
+def check_rms_norm(fn):
+    """``fn(x, g, eps)`` for x (B, T, D) float64 and the gain g (D,) must return RMSNorm,
+    ``g * x / sqrt(mean(x**2) + eps)`` over the last axis (no mean subtracted, no shift)."""
+    x, g, _ = _layer_norm_inputs()
+    eps = _EPS
+    got = call_learner(_EX4, fn, torch.from_numpy(x.copy()), torch.from_numpy(g.copy()), eps)
+    expected = ref.rms_norm(x, g, eps=eps)
+    ms = (x**2).mean(-1, keepdims=True)
+    mistakes = [
+        (lambda: _layer_norm_variant(x, g, np.zeros_like(g)), "You subtracted the mean: that is layer norm. RMSNorm "
+                                                              "only rescales, x / sqrt(mean(x**2) + eps), no centring."),
+        (lambda: g * x / (np.sqrt(ms) + eps), "eps is in the wrong place: divide by sqrt(mean(x**2) + eps), not by "
+                                              "sqrt(mean(x**2)) + eps."),
+        (lambda: g * x / np.sqrt((x**2).sum(-1, keepdims=True) + eps), "You used the sum of squares; RMSNorm uses their "
+                                                                       "mean (the root-mean-square): divide by D."),
+        (lambda: g * x / np.sqrt((x**2).mean(-2, keepdims=True) + eps), "You took the mean over the positions (axis -2); "
+                                                                        "RMSNorm uses each position's D features (the last axis)."),
+        (lambda: x / np.sqrt(ms + eps), "The gain g is missing: multiply the normalised x by g."),
+        (lambda: g * x / (ms + eps), "You divided by the mean square, not its square root."),
+    ]  # fmt: skip
+    return judge(_EX4, got, expected, mistakes, what="rms_norm(x, g, eps)", atol=_ATOL,
+                 right="g * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps): what selfattn.modern.RMSNorm computes.")
