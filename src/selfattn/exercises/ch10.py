@@ -1,6 +1,6 @@
 """Checks for the exercises of chapter 10 (FlashAttention from first principles).
 
-10.1 merge two online-softmax states; 10.2 FlashAttention's tiled forward (output and log-sum-exp, any
+10.1 merge two (output, log-sum-exp) results; 10.2 FlashAttention's tiled forward (output and log-sum-exp, any
 block sizes); 10.3 its backward from the saved log-sum-exp (the CS336 task); 10.4 the tiles a causal
 forward must visit. Each check compares with ``selfattn.ref`` or torch autograd of plain attention and
 names the usual mistake: a sum that is not rescaled, the rescaling upside down, NaN for an empty state,
@@ -18,7 +18,7 @@ from . import bool_mask_problem, call_learner, checker, compare_arrays, failed, 
 
 __all__ = ["check_merge_states", "check_flash_forward", "check_flash_backward", "check_causal_tiles"]
 
-_EX1 = "10.1 merge two softmax states"
+_EX1 = "10.1 merge two (output, lse) results"
 _EX2 = "10.2 the tiled forward"
 _EX3 = "10.3 the backward from the log-sum-exp"
 _EX4 = "10.4 the tiles a causal pass visits"
@@ -48,59 +48,96 @@ def _score_bytes_held(call, T: int = 64, S: int = 4096) -> int | None:
     return peak if peak >= T * S * 8 // 2 else None
 
 
+def _merge_out_lse(out_a, lse_a, out_b, lse_b, *, form="right"):
+    """Two (output, log-sum-exp) results of the same queries over two sets of keys, merged (or one typical
+    mistake). Rows where both sets were empty stay empty: lse -inf, output 0."""
+    lse = np.logaddexp(lse_a, lse_b)
+    shift = np.where(np.isfinite(lse), lse, 0.0)
+    w_a, w_b = np.exp(lse_a - shift), np.exp(lse_b - shift)
+    if form == "unnormalised":  # weights relative to the max, never divided by their sum
+        m = np.maximum(lse_a, lse_b)
+        m = np.where(np.isfinite(m), m, 0.0)
+        w_a, w_b = np.exp(lse_a - m), np.exp(lse_b - m)
+    if form == "average":
+        w_a, w_b = np.full_like(lse_a, 0.5), np.full_like(lse_b, 0.5)
+    return w_a[:, None] * out_a + w_b[:, None] * out_b, lse
+
+
 @checker(_EX1)
 def check_merge_states(fn):
-    """``fn(m1, l1, m2, l2)`` must return ``(m, l)``: the maximum and the sum ``sum exp(x - m)`` of
-    the union of two blocks whose own maxima and sums are (m1, l1) and (m2, l2); arrays of rows.
-    An empty block has ``m = -inf, l = 0``."""
+    """``fn(out_a, lse_a, out_b, lse_b)`` -> ``(out, lse)``: the attention output (T, Dv) and log-sum-exp (T,) of
+    the same queries over the keys of two chunks, from each chunk's own (normalised) output and log-sum-exp, as
+    FlashAttention's forward returns them (exercise 10.2). NumPy arrays. A chunk in which a query sees no key
+    has lse = -inf and output 0; a row that sees no key in either stays so (lse -inf, output 0), not NaN. This is
+    the merge of split-KV decoding (chapter 11) and of ring attention (chapter 12)."""
     rng = np.random.default_rng(9)
-    a = rng.normal(size=(5, 5)) * 3
-    b = rng.normal(size=(5, 3)) * 3 + np.array([[-6.0], [6.0], [0.0], [0.0], [0.0]])
-    b[3:] = -np.inf  # the second block of the last two rows is empty (fully masked)...
-    a[4] = -np.inf  # ...and the last row has seen nothing at all: m = -inf, l = 0 stays so
-    states = []
-    for block in (a, b):
-        m = block.max(-1)
+    T, Dv = 6, 3
+    s_a, s_b = rng.normal(size=(T, 5)) * 3, rng.normal(size=(T, 4)) * 3 + np.array([[-6.0], [6.0], [0], [0], [0], [0]])
+    s_a[3] += 800.0  # large scores: exp(lse) overflows in float64
+    s_b[3] += 801.0
+    s_b[4:] = -np.inf  # rows 4 and 5 see no key of chunk b...
+    s_a[5] = -np.inf  # ...and row 5 no key at all
+    va, vb = rng.normal(size=(5, Dv)), rng.normal(size=(4, Dv))
+
+    def chunk(s, v):
+        m = s.max(-1)
         shift = np.where(np.isfinite(m), m, 0.0)
-        states += [m, np.exp(block - shift[:, None]).sum(-1)]
-    got = call_learner(_EX1, fn, *(x.copy() for x in states))
+        e = np.exp(s - shift[:, None])
+        total = e.sum(-1)
+        with np.errstate(divide="ignore"):
+            lse = shift + np.log(total)
+        return (e @ v) / np.where(total > 0, total, 1.0)[:, None], lse
+
+    (out_a, lse_a), (out_b, lse_b) = chunk(s_a, va), chunk(s_b, vb)
+    got = call_learner(_EX1, fn, out_a.copy(), lse_a.copy(), out_b.copy(), lse_b.copy())
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        return failed(_EX1, f"Return a pair (m, l); got {type(got).__name__}.")
-    both = np.concatenate([a, b], axis=-1)
-    m_expected = both.max(-1)
-    shift = np.where(np.isfinite(m_expected), m_expected, 0.0)
-    l_expected = np.exp(both - shift[:, None]).sum(-1)
-    m_arr = to_numpy(got[0])
-    if m_arr is None or m_arr.shape != m_expected.shape:
-        return failed(_EX1, f"The merged maximum m should have shape {m_expected.shape}.")
-    if np.isnan(m_arr).any() or not np.array_equal(np.isneginf(m_arr), np.isneginf(m_expected)) or not np.allclose(
-            m_arr[np.isfinite(m_expected)], m_expected[np.isfinite(m_expected)]):
-        return failed(_EX1, "The merged maximum m is wrong: it is max(m1, m2) elementwise (and stays -inf for a "
-                            "row that has seen nothing).")  # fmt: skip
-    l_arr = to_numpy(got[1])
-    if l_arr is not None and l_arr.shape == l_expected.shape:
-        bad_rows = ~np.isfinite(l_arr)
-        if bad_rows.any() and not bad_rows[np.isfinite(m_expected)].any():
-            rows = np.flatnonzero(bad_rows).tolist()
-            return failed(_EX1, f"Your l has NaN or inf on row(s) {rows}, where both maxima are -inf (nothing "
-                                "seen yet): there m = -inf too, and exp(m_i - m) = exp(-inf - -inf) = NaN. For a "
-                                "row where both maxima are -inf, use a shift of 0 instead of m: exp(-inf - 0) = 0, "
-                                "so l stays 0. E.g. shift = np.where(np.isfinite(m), m, 0.0), then "
-                                "l = l1 exp(m1 - shift) + l2 exp(m2 - shift).")  # fmt: skip
-        if bad_rows.any():
-            return failed(_EX1, "Your l has NaN or inf on a row where something was seen. For an empty block, "
-                                "exp(m2 - m) with m2 = -inf is 0: compute the factors as exp(m_i - m), never "
-                                "exp(m - m_i) (that overflows to inf). A row where both maxima are -inf needs "
-                                "a shift of 0 instead of m: exp(-inf - 0) = 0.")  # fmt: skip
-        if np.allclose(l_arr, states[1] + states[3]):
-            return failed(_EX1, "You added l1 + l2 without rescaling: each sum was taken relative to its own "
-                                "maximum; multiply l1 by exp(m1 - m) and l2 by exp(m2 - m).")  # fmt: skip
-    wrong = compare_arrays(_EX1, got[1], l_expected, what="The merged sum l", rtol=1e-9)
+        return failed(_EX1, f"Return a pair (out, lse); got {type(got).__name__}.")
+    out_e, lse_e = _merge_out_lse(out_a, lse_a, out_b, lse_b)
+    out, lse = to_numpy(got[0]), to_numpy(got[1])
+    if out is None or lse is None:
+        return failed(_EX1, "Return out and lse as arrays or tensors.")
+    if out.shape != out_e.shape or lse.shape != lse_e.shape:
+        return failed(_EX1, f"out should have shape {out_e.shape} and lse {lse_e.shape}; got {out.shape} and {lse.shape}.")
+    finite = np.isfinite(lse_e)
+    bad_lse = np.isnan(lse) | (np.isinf(lse) & finite) | (np.isfinite(lse) & ~finite)
+    bad_out = ~np.isfinite(out).all(-1)
+    if bad_out[3] or bad_lse[3]:
+        return failed(_EX1, "Row 3 has scores near 800, so exp(lse) overflows to inf and your merge gave NaN or inf "
+                            "there: never take exp of an lse itself. Use weights relative to the merged lse, "
+                            "exp(lse_a - lse), with lse = max + log(exp(lse_a - max) + exp(lse_b - max)) "
+                            "(np.logaddexp).")  # fmt: skip
+    if bad_out[5] or bad_lse[5]:
+        return failed(_EX1, "Row 5 sees no key in either chunk (both lse are -inf) and your merge gave NaN there: "
+                            "exp(-inf - (-inf)) is NaN. Keep such a row empty, lse -inf and output 0, e.g. by "
+                            "shifting by 0 where the merged lse is -inf.")  # fmt: skip
+    both = np.isfinite(lse_a) & np.isfinite(lse_b)  # rows where both chunks saw keys
+    if _close(lse[both], np.maximum(lse_a, lse_b)[both]) and not _close(lse[both], lse_e[both]):
+        return failed(_EX1, "Your lse is the larger of the two: the merged lse is log(exp(lse_a) + exp(lse_b)), "
+                            "np.logaddexp(lse_a, lse_b), a little above the max.")
+    if _close(lse[both], (lse_a + lse_b)[both]):
+        return failed(_EX1, "You added the two lse: they are logs of sums, so add the sums, lse = "
+                            "log(exp(lse_a) + exp(lse_b)) = np.logaddexp(lse_a, lse_b).")
+    if bad_out.any() or bad_lse.any():
+        rows = np.flatnonzero(bad_out | bad_lse).tolist()
+        return failed(_EX1, f"NaN or inf on row(s) {rows}: a chunk with lse = -inf has weight exp(-inf - lse) = 0, "
+                            "never exp(lse - (-inf)).")
+    ok_rows = np.isfinite(lse_e)
+    for form, message in (
+        ("average", "You averaged the two outputs: each chunk counts by its share of the total, exp(lse_chunk - lse), "
+                    "which sums to 1 over the chunks."),
+        ("unnormalised", "Your weights exp(lse_chunk - max) do not sum to 1: divide by their sum, i.e. use "
+                         "exp(lse_chunk - lse) with the merged lse."),
+    ):
+        if _close(out[ok_rows], _merge_out_lse(out_a, lse_a, out_b, lse_b, form=form)[0][ok_rows]):
+            return failed(_EX1, message)
+    if not (np.array_equal(np.isneginf(lse), ~finite) and _close(lse[finite], lse_e[finite], atol=1e-9, rtol=1e-12)):
+        return failed(_EX1, "The merged lse is wrong: lse = np.logaddexp(lse_a, lse_b), -inf where both are -inf.")
+    wrong = compare_arrays(_EX1, out, out_e, what="The merged output", atol=1e-10, rtol=1e-10)
     if wrong is not None:
         return wrong
-    return passed(_EX1, "m = max(m1, m2), l = l1 exp(m1 - m) + l2 exp(m2 - m) (with a shift of 0 instead of m "
-                        "where both maxima are -inf): the whole online softmax is this merge, applied block "
-                        "after block, in any order.")  # fmt: skip
+    return passed(_EX1, "lse = logaddexp(lse_a, lse_b), out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b: the "
+                        "online softmax's merge in the form FlashAttention returns, exact in any order, with empty "
+                        "chunks and rows handled.")  # fmt: skip
 
 
 # Float32 rounding (a right answer computed in float32 is off by ~1e-7 here) passes, as in chapter 06;
