@@ -8,8 +8,18 @@ import torch
 from selfattn.exercises import ch12
 
 
-def ring_forward_bytes(B, H, T, Dh, P, element_size, *, hops=None, tensors=2, length=None):
-    return (P - 1 if hops is None else hops) * tensors * B * H * (T // P if length is None else length) * Dh * element_size
+def all_to_all(shards, rank, *, strided=False, reverse=False):
+    P = len(shards)
+    h = shards[0].shape[1] // P
+    heads = slice(rank, None, P) if strided else slice(rank * h, (rank + 1) * h)
+    pieces = [x[:, heads] for x in shards]
+    return torch.cat(pieces[::-1] if reverse else pieces, dim=2)  # (B, H / P, T, Dh)
+
+
+def unshard_zigzag(shards, *, late_in_rank_order=False):
+    c = shards[0].shape[2] // 2
+    late = [x[:, :, c:] for x in shards]
+    return torch.cat([x[:, :, :c] for x in shards] + (late if late_in_rank_order else late[::-1]), dim=2)
 
 
 def zigzag_positions(T, P, rank):
@@ -19,7 +29,8 @@ def zigzag_positions(T, P, rank):
 
 
 def test_solutions_pass():
-    assert ch12.check_ring_forward_bytes(ring_forward_bytes)
+    assert ch12.check_all_to_all(all_to_all)
+    assert ch12.check_unshard_zigzag(unshard_zigzag)
     assert ch12.check_zigzag_positions(zigzag_positions)
     assert ch12.check_zigzag_positions(lambda T, P, r: torch.tensor(zigzag_positions(T, P, r)).flip(0))  # any order, a tensor
 
@@ -31,7 +42,7 @@ def test_stubs_are_not_attempted():
     def raises(*args):
         raise NotImplementedError
 
-    for check in (ch12.check_ring_forward_bytes, ch12.check_zigzag_positions):
+    for check in (ch12.check_all_to_all, ch12.check_zigzag_positions, ch12.check_ring_loop, ch12.check_unshard_zigzag):
         for fn in (stub, raises):
             feedback = check(fn)
             assert not feedback and "not attempted" in str(feedback).lower()
@@ -43,13 +54,19 @@ def test_the_usual_mistakes_are_named():
         assert not feedback
         return str(feedback)
 
-    ring = ch12.check_ring_forward_bytes
-    assert "P - 1 blocks arrive" in msg(ring, lambda B, H, T, Dh, P, e: ring_forward_bytes(B, H, T, Dh, P, e, hops=P))
-    assert "both K and V" in msg(ring, lambda B, H, T, Dh, P, e: ring_forward_bytes(B, H, T, Dh, P, e, tensors=1))
-    assert "not the whole sequence" in msg(ring, lambda B, H, T, Dh, P, e: ring_forward_bytes(B, H, T, Dh, P, e, length=T))
-    assert "all-to-all formula" in msg(ring, lambda B, H, T, Dh, P, e: 4 * (P - 1) * B * H * (T // P) * Dh * e // P)
-    assert "you returned 7" in msg(ring, lambda *a: 7)
-    assert "one number of bytes" in msg(ring, lambda *a: [1])
+    a2a = ch12.check_all_to_all
+    assert "strided" in msg(a2a, lambda shards, r: all_to_all(shards, r, strided=True))
+    assert "reverse order: concatenate" in msg(a2a, lambda shards, r: all_to_all(shards, r, reverse=True))
+    assert "heads come out in reverse" in msg(a2a, lambda shards, r: all_to_all(shards, r).flip(1))
+    assert "kept every head" in msg(a2a, lambda shards, r: torch.cat(shards, dim=2))
+    assert "only this rank's own positions" in msg(a2a, lambda shards, r: shards[r][:, : shards[r].shape[1] // len(shards)])
+    assert "along the heads" in msg(a2a, lambda shards, r: torch.cat([x[:, :2] for x in shards], dim=1))
+    assert "wrong values" in msg(a2a, lambda shards, r: all_to_all(shards, r) + 1)
+    un = ch12.check_unshard_zigzag
+    assert "as they are" in msg(un, lambda shards: torch.cat(shards, dim=2))
+    assert "reverse rank order" in msg(un, lambda shards: unshard_zigzag(shards, late_in_rank_order=True))
+    assert "comes out reversed" in msg(un, lambda shards: unshard_zigzag(shards).flip(2))
+    assert "should have shape" in msg(un, lambda shards: shards[0])
     zig = ch12.check_zigzag_positions
     assert "2P-1-r" in msg(zig, lambda T, P, r: zigzag_positions(T, P, r)[:T // (2 * P)]
                            + list(range((P - 1 - r) * (T // (2 * P)), (P - r) * (T // (2 * P)))))
@@ -80,11 +97,6 @@ def ring_loop(rank, P, q, k, v, send_recv, *, direction=-1, mask=True, skip=True
     return acc / l[:, None]
 
 
-def ring_work(T, P):
-    c = T // P
-    return [r * c * c + c * (c + 1) // 2 for r in range(P)]
-
-
 def test_ring_loop_solution_passes_and_mistakes_are_named():
     assert ch12.check_ring_loop(ring_loop)
     cases = (
@@ -103,23 +115,3 @@ def test_ring_loop_solution_passes_and_mistakes_are_named():
     assert not fb.ok and "should have shape" in fb.message
     fb = ch12.check_ring_loop(lambda *a: ring_loop(*a) * float("nan"))
     assert not fb.ok and "NaN" in fb.message
-
-
-def test_ring_work_solution_passes_and_mistakes_are_named():
-    assert ch12.check_ring_work(ring_work)
-    cases = (
-        (lambda T, P: [(r + 1) * (T // P) ** 2 for r in range(P)], "diagonal block whole"),
-        (lambda T, P: [r * (T // P) ** 2 + (T // P) * (T // P - 1) // 2 for r in range(P)], "Off by one"),
-        (lambda T, P: [T * (T + 1) // 2 // P] * P, "even share"),
-        (lambda T, P: ring_work(T, P)[::-1], "Reversed"),
-        (lambda T, P: 5, "list of P"),
-        (lambda T, P: [1] * P, "you returned"),
-    )
-    for fn, words in cases:
-        fb = ch12.check_ring_work(fn)
-        assert not fb.ok and words in fb.message, fb.message
-    for check in (ch12.check_ring_loop, ch12.check_ring_work):
-        def stub(*args):
-            raise NotImplementedError
-
-        assert not check(stub).attempted

@@ -1,11 +1,12 @@
 """Checks for the exercises of chapter 12 (attention across devices).
 
-12.1 the bytes one process sends in ring attention's forward pass; 12.2 the zigzag layout's
-positions; 12.3 one rank's ring loop (in one process, the ring simulated); 12.4 each rank's causal work
-with the contiguous layout. Expected values are computed here with plain Python, independently of
+12.1 all-to-all attention's first all-to-all, sequence shards to head shards; 12.2 the zigzag layout's
+positions; 12.3 one rank's ring loop (in one process, the ring simulated); 12.4 the zigzag layout undone.
+Expected values are computed here with plain Python and NumPy, independently of
 :mod:`selfattn.distributed`; the usual mistakes are computed too, and the check names the one the
-learner's answer matches: P hops instead of P - 1, keys without values, the whole sequence instead of
-a shard, the all-to-all formula; chunks r and P-1-r, striping, the contiguous layout.
+learner's answer matches: strided heads, the positions reversed, every head kept; chunks r and P-1-r,
+striping, the contiguous layout; P hops instead of P - 1, the wrong block's mask, a forgotten rescale;
+shards concatenated as they are, late chunks in rank order.
 
 A function whose body is still empty (``pass``, ``...`` or a docstring) counts as not attempted.
 """
@@ -13,6 +14,7 @@ A function whose body is still empty (``pass``, ``...`` or a docstring) counts a
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ..exercises import (
     call_learner,
@@ -25,43 +27,55 @@ from ..exercises import (
     to_numpy,
 )
 
-__all__ = ["check_ring_forward_bytes", "check_zigzag_positions", "check_ring_loop", "check_ring_work"]
+__all__ = ["check_all_to_all", "check_zigzag_positions", "check_ring_loop", "check_unshard_zigzag"]
 
-_EX1 = "12.1 the bytes of a ring"
+_EX1 = "12.1 the all-to-all, sequence to heads"
 _EX2 = "12.2 the zigzag layout"
 
-# (B, H, T, Dh, P, element_size): a bfloat16 long-context shard on 8 (first: there every mistake gives
-# a different number), the chapter's run, a float32 pair (where ring and all-to-all send alike)
-_BYTE_CASES = ((1, 32, 131072, 128, 8, 2), (1, 4, 32, 8, 4, 8), (2, 8, 1024, 64, 2, 4))
-
-
 @checker(_EX1)
-def check_ring_forward_bytes(fn):
-    """``fn(B, H, T, Dh, P, element_size)`` -> bytes one process sends in ring attention's forward pass
-    (self-attention, no padding mask): an int."""
+def check_all_to_all(fn):
+    """``fn(shards, rank)`` -> (B, H / P, T, Dh): what rank ``rank`` holds after all-to-all attention's first
+    all-to-all (DeepSpeed-Ulysses, Jacobs et al. 2023). ``shards`` is the list of the P sequence shards, shard s
+    (B, H, T / P, Dh) holding positions s T/P .. (s + 1) T/P - 1 of every head; afterwards rank r holds heads
+    r H/P .. (r + 1) H/P - 1 over the whole sequence, positions in order. Torch tensors; checked in one process."""
     if is_empty_stub(fn):
         return not_attempted(_EX1)
-    for B, H, T, Dh, P, e in _BYTE_CASES:
-        got = call_learner(_EX1, fn, B, H, T, Dh, P, e)
-        if isinstance(got, bool) or not isinstance(got, (int, float, np.integer, np.floating)):
-            return failed(_EX1, f"Return one number of bytes; got {type(got).__name__}.")
-        tensor = B * H * (T // P) * Dh * e  # one shard of K (or of V)
-        expected = (P - 1) * 2 * tensor
-        if got == expected:
-            continue
-        if got == P * 2 * tensor:
-            return failed(_EX1, "That is P hops: the first block is the process's own, so P - 1 blocks arrive "
-                          "and P - 1 are sent on (the last block it holds goes nowhere).")
-        if got == (P - 1) * tensor:
-            return failed(_EX1, "Half the right size: both K and V travel around the ring.")
-        if got == (P - 1) * 2 * B * H * T * Dh * e:
-            return failed(_EX1, "Each hop carries one shard of T/P positions, not the whole sequence.")
-        if got * P == 4 * (P - 1) * tensor:
-            return failed(_EX1, "That is the all-to-all formula, 4 (P - 1)/P shards; the ring sends 2 shards P - 1 times.")
-        return failed(_EX1, f"For B={B}, H={H}, T={T}, Dh={Dh}, P={P} and {e} bytes per number a process sends "
-                      f"{expected} bytes; you returned {got}.")
-    return passed(_EX1, "(P - 1) x 2 x B x H x (T/P) x Dh x bytes: for a 128k-token sequence on 8 GPUs, 32 "
-                  "heads of 128, a process sends 1.75 GiB of keys and values per layer in bfloat16.")
+    rng = np.random.default_rng(21)
+    B, H, T, Dh, P = 2, 8, 12, 2, 4
+    n, h = T // P, H // P
+    full = rng.normal(size=(B, H, T, Dh))
+    shards = [full[:, :, s * n:(s + 1) * n] for s in range(P)]
+    for rank in (1, 3, 0):
+        got_raw = call_learner(_EX1, fn, [torch.from_numpy(x.copy()) for x in shards], rank)
+        got = to_numpy(got_raw)
+        expected = full[:, rank * h:(rank + 1) * h]
+        at = f"On rank {rank} of {P} (H = {H}, T = {T})"
+        if got is not None and got.shape == (B, H, T, Dh):
+            return failed(_EX1, f"{at} you kept every head: after the all-to-all a rank holds H / P = {h} heads, "
+                                f"heads rank * H/P .. (rank + 1) * H/P - 1, over all T positions.")
+        if got is not None and got.shape == (B, h, n, Dh):
+            return failed(_EX1, f"{at} you kept only this rank's own positions: the all-to-all gathers the chosen "
+                                "heads from every rank's shard, so the result covers all T positions.")
+        if got is not None and got.shape == (B, H, n, Dh):
+            return failed(_EX1, f"{at} you concatenated the pieces along the heads: every piece holds the same "
+                                "heads for other positions, so concatenate along the positions (dim=2).")
+        if got is not None and got.shape == expected.shape and np.isfinite(got).all() and not np.allclose(got, expected):
+            for value, message in (
+                (full[:, rank::P], "you took heads rank, rank + P, ... (strided): rank r holds the contiguous heads "
+                                   "r H/P .. (r + 1) H/P - 1."),
+                (np.concatenate([x[:, rank * h:(rank + 1) * h] for x in shards[::-1]], axis=2),
+                 "the positions come out in reverse order: concatenate the pieces in rank order, shard 0 first."),
+                (np.concatenate([x[:, rank * h:(rank + 1) * h] for x in shards], axis=2)[:, ::-1],
+                 "the heads come out in reverse order: keep them as they are within the rank's slice."),
+            ):
+                if np.allclose(got, value):
+                    return failed(_EX1, f"{at} {message}")
+        bad = compare_arrays(_EX1, got_raw, expected, what=f"{at} the result", atol=0, rtol=0)
+        if bad is not None:
+            return bad
+    return passed(_EX1, "From every rank, this rank's heads: torch.cat([s[:, r * H/P:(r + 1) * H/P] for s in shards], "
+                        "dim=2). Each rank then runs ordinary attention over the whole sequence for its heads; "
+                        "a second all-to-all swaps back.")
 
 
 def _zigzag(T, P, r):
@@ -104,7 +118,7 @@ def check_zigzag_positions(fn):
 
 
 _EX3 = "12.3 one rank's ring loop"
-_EX4 = "12.4 the causal work of each rank"
+_EX4 = "12.4 the zigzag layout undone"
 
 
 class _Ring:
@@ -207,34 +221,35 @@ def check_ring_loop(fn):
 
 
 @checker(_EX4)
-def check_ring_work(fn):
-    """``fn(T, P)`` -> a list of P ints: for causal self-attention over T positions with the contiguous layout
-    (rank r holds positions r T/P .. (r + 1) T/P - 1), the number of (query, key) pairs with key <= query
-    that rank r computes. T is a multiple of P."""
+def check_unshard_zigzag(fn):
+    """``fn(shards)`` -> (B, H, T, Dh): the whole sequence put back together from the P shards of the zigzag
+    layout, shard r (B, H, 2c, Dh) holding chunk r (positions r c .. (r + 1) c - 1) followed by chunk 2P - 1 - r,
+    with T = 2 P c. Torch tensors in and out."""
     if is_empty_stub(fn):
         return not_attempted(_EX4)
-    for T, P in ((12, 4), (8, 2), (30, 3)):
-        got = _as_positions(call_learner(_EX4, fn, T, P))
-        if got is None or len(got) != P:
-            return failed(_EX4, f"Return a list of P = {P} ints, one per rank; got "
-                                f"{'something else' if got is None else f'{len(got)} numbers'}.")
-        c = T // P
-        expected = [r * c * c + c * (c + 1) // 2 for r in range(P)]
-        if got == expected:
-            continue
-        mistakes = (
-            ([(r + 1) * c * c for r in range(P)], "You counted the diagonal block whole: only its pairs with key <= "
-                                                  "query count, c (c + 1) / 2 of its c^2."),
-            ([r * c * c + c * (c - 1) // 2 for r in range(P)], "Off by one: a query sees itself too (key <= query), "
-                                                               "so the diagonal block has c (c + 1) / 2 pairs."),
-            ([T * (T + 1) // 2 // P] * P, "That is the even share, T (T + 1) / 2 / P for every rank; with the contiguous "
-                                          "layout the last rank sees every earlier block and does far more."),
-            ([(P - 1 - r) * c * c + c * (c + 1) // 2 for r in range(P)], "Reversed: rank 0 holds the first positions, "
-                                                                         "which see the fewest keys."),
-        )
-        for value, message in mistakes:
-            if got == value:
-                return failed(_EX4, message)
-        return failed(_EX4, f"For T={T}, P={P} the ranks compute {expected} pairs; you returned {got}.")
-    return passed(_EX4, "r c^2 + c (c + 1) / 2: the last rank does about 2P - 1 times the first one's work, the "
-                        "imbalance that the zigzag layout of exercise 12.2 removes.")
+    rng = np.random.default_rng(22)
+    for P, c in ((4, 2), (2, 3), (3, 1)):
+        B, H, Dh, T = 1, 2, 2, 2 * P * c
+        full = rng.normal(size=(B, H, T, Dh))
+        chunks = [full[:, :, j * c:(j + 1) * c] for j in range(2 * P)]
+        shards = [np.concatenate([chunks[r], chunks[2 * P - 1 - r]], axis=2) for r in range(P)]
+        got_raw = call_learner(_EX4, fn, [torch.from_numpy(x.copy()) for x in shards])
+        got = to_numpy(got_raw)
+        at = f"With P = {P} shards of 2 chunks of {c} positions"
+        if got is not None and got.shape == full.shape and np.isfinite(got).all() and not np.allclose(got, full):
+            for value, message in (
+                (np.concatenate(shards, axis=2), "you concatenated the shards as they are, which undoes the contiguous "
+                                                 "layout: each shard holds an early and a late chunk."),
+                (np.concatenate([x[:, :, :c] for x in shards] + [x[:, :, c:] for x in shards], axis=2),
+                 "the late chunks come in the wrong order: rank r's late chunk is chunk 2P - 1 - r, so they follow "
+                 "in reverse rank order, rank P - 1's first."),
+                (full[:, :, ::-1], "the sequence comes out reversed: the early chunks (each shard's first half, in rank order) come "
+                 "first."),
+            ):
+                if np.allclose(got, value):
+                    return failed(_EX4, f"{at} {message}")
+        bad = compare_arrays(_EX4, got_raw, full, what=f"{at} the sequence", atol=0, rtol=0)
+        if bad is not None:
+            return bad
+    return passed(_EX4, "The first halves in rank order, then the second halves in reverse rank order: chunk j < P "
+                        "is shard j's early chunk, chunk j >= P shard 2P - 1 - j's late chunk.")
