@@ -1,6 +1,6 @@
 """Checks for the exercises of chapter 13 (what attention weights do and do not tell).
 
-13.1 the norms of the moved vectors; 13.2 block one edge; 13.3 a mean ablation of one head and its effect
+13.1 attention rollout; 13.2 block one edge; 13.3 a mean ablation of one head and its effect
 on the loss; 13.4 the entropy of a head's weights. Expected values are computed here with NumPy (float64)
 from the definitions in the chapter; the typical mistakes are computed too, and the check names the one the learner's answer matches.
 """
@@ -13,60 +13,71 @@ import torch
 from .. import ref
 from . import call_learner, checker, compare_arrays, failed, passed, to_numpy
 
-__all__ = ["check_moved_norms", "check_block_edge", "check_mean_ablation", "check_attention_entropy"]
+__all__ = ["check_rollout", "check_block_edge", "check_mean_ablation", "check_attention_entropy"]
 
 
-def _inputs(seed: int = 0):
-    rng = np.random.default_rng(seed)
-    H, T, Dh, D = 3, 5, 4, 12  # distinct sizes: a swapped axis shows in the shape
-    weights = ref.softmax(rng.normal(size=(H, T, T)) * 2.0, axis=-1)
-    V = rng.normal(size=(H, T, Dh))
-    W_O = rng.normal(size=(H, Dh, D))
-    return weights, V, W_O
+def _rollout(weights, *, order="last_first", residual=0.5, heads="mean", renormalise=True, product="matrix",
+             layers=None):
+    """Attention rollout (Abnar and Zuidema 2020) from its definition, or with one typical mistake."""
+    L, H, T, _ = weights.shape
+    mixed = weights.mean(1) if heads == "mean" else weights.sum(1)  # (L, T, T)
+    if residual:
+        mixed = residual * np.eye(T) + (1 - residual) * mixed if residual != 1 else np.eye(T) + mixed
+    if renormalise:
+        mixed = mixed / mixed.sum(-1, keepdims=True)
+    out = np.eye(T)
+    for layer in (range(L) if layers is None else layers):
+        if product == "elementwise":
+            out = out * mixed[layer] if layer else mixed[layer]
+        elif order == "last_first":
+            out = mixed[layer] @ out  # rollout = A_L ... A_2 A_1
+        else:
+            out = out @ mixed[layer]
+    return out
 
 
-# Float32 rounding (a right answer computed in float32 is off by ~1e-6 here) passes, as in chapter 06;
-# every typical mistake is off by far more than this.
+# Float32 rounding passes; every typical mistake is off by far more than this.
 _ATOL, _RTOL = 1e-5, 1e-5
 
 
-@checker("13.1 norms of the moved vectors")
-def check_moved_norms(fn):
-    """``fn(weights (H, T, T), V (H, T, Dh), W_O (H, Dh, D))`` -> (H, T, T) with entry [h, i, j]
-    = ``weights[h, i, j] * ||V[h, j] @ W_O[h]||`` (Kobayashi et al. 2020). Torch tensors in and out."""
-    ex = "13.1 norms of the moved vectors"
-    weights, V, W_O = _inputs()
-    as_t = torch.from_numpy
-    got = to_numpy(call_learner(ex, fn, as_t(weights.copy()), as_t(V.copy()), as_t(W_O.copy())))
-    moved = np.linalg.norm(V @ W_O, axis=-1)  # (H, T, Dh) @ (H, Dh, D) -> (H, T, D) -> (H, T)
-    expected = weights * moved[:, None, :]  # (H, T, T) * (H, 1, T)
-    if got is not None and got.shape == expected.shape:
-        mistakes = {
-            "You took the norm of the value vector alone: the vector a head adds to the output is "
-            "v_j W_O^h, so multiply by the head's rows of W_O before the norm.": weights
-            * np.linalg.norm(V, axis=-1)[:, None, :],
-            "You squared the norm: use the length ||v_j W_O^h||, not its square.": weights
-            * (moved**2)[:, None, :],
-            "You left out the attention weight: each edge moves alpha_ij * v_j W_O^h, so multiply "
-            "the norm by the weight.": np.broadcast_to(moved[:, None, :], expected.shape),
-            "You indexed the norms by the query (rows) instead of the key (columns): the vector "
-            "moved along edge (i, j) is key j's.": weights * moved[:, :, None],
-        }
-        for message, wrong in mistakes.items():
-            if np.allclose(got, wrong, atol=_ATOL, rtol=_RTOL) and not np.allclose(
-                got, expected, atol=_ATOL, rtol=_RTOL
-            ):
+@checker("13.1 attention rollout")
+def check_rollout(fn):
+    """``fn(weights (L, H, T, T))`` -> (T, T): attention rollout (Abnar and Zuidema 2020), as the chapter defines
+    it: per layer, the mean over heads, mixed half and half with the identity (the residual stream), rows
+    renormalised; then the product of the layers, last layer on the left, rollout = A_L ... A_2 A_1. Torch
+    tensors in and out."""
+    ex = "13.1 attention rollout"
+    rng = np.random.default_rng(0)
+    L, H, T = 3, 2, 5
+    weights = ref.softmax(rng.normal(size=(L, H, T, T)) * 2.0, axis=-1)
+    got_raw = call_learner(ex, fn, torch.from_numpy(weights.copy()))
+    got = to_numpy(got_raw)
+    expected = _rollout(weights)
+    if got is not None and got.shape == (L, T, T):
+        return failed(ex, "You returned one matrix per layer: multiply the layers' matrices together into one (T, T).")
+    if got is not None and got.shape == expected.shape and np.isfinite(got).all() and not np.allclose(
+            got, expected, atol=_ATOL, rtol=_RTOL):
+        mistakes = (
+            (dict(order="first_first"), "You multiplied in the wrong order: the input passes layer 1 first, so "
+                                        "rollout = A_L ... A_2 A_1, each new layer on the left."),
+            (dict(residual=0.0), "You left out the residual stream: mix each layer's mean attention half and half with "
+                                 "the identity, 0.5 I + 0.5 A, before multiplying."),
+            (dict(heads="sum"), "You summed the heads: average them, so that each layer's matrix is a mixing of rows "
+                                "that sum to one."),
+            (dict(residual=1, renormalise=False), "Your rows do not sum to one: with I + A each row sums to 2; use "
+                                                  "0.5 I + 0.5 A (or renormalise the rows)."),
+            (dict(product="elementwise"), "You multiplied the layers entry by entry: rollout is the matrix product, "
+                                          "following the mixing from layer to layer."),
+            (dict(layers=[L - 1]), "That is the last layer alone: multiply all the layers."),
+        )
+        for kwargs, message in mistakes:
+            if np.allclose(got, _rollout(weights, **kwargs), atol=_ATOL, rtol=_RTOL):
                 return failed(ex, message)
-    bad = compare_arrays(ex, got, expected, what="the norms", atol=_ATOL, rtol=_RTOL)
-    if bad is not None and got is not None and got.shape == expected.shape and np.isfinite(got).all():
-        worst = float(np.max(np.abs(got - expected)))
-        if worst < 1e-2:
-            return failed(ex, f"Close (largest error {worst:.3g}) but not within {_ATOL:g}: check for a small "
-                              "leftover, such as an epsilon added inside the norm or float16 arithmetic "
-                              "(float32 and float64 both pass).")  # fmt: skip
+    bad = compare_arrays(ex, got_raw, expected, what="The rollout", atol=_ATOL, rtol=_RTOL)
     if bad is not None:
         return bad
-    return passed(ex, "alpha_ij * ||v_j W_O^h||: the length of what the edge actually adds.")
+    return passed(ex, "Heads averaged, half residual, rows renormalised, layers multiplied last on the left: row i "
+                      "divides output position i over the input tokens, and every row sums to one.")
 
 
 @checker("13.2 block one edge")
