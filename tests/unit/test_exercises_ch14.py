@@ -112,26 +112,35 @@ def test_adamw_mistakes_are_named():
         assert not fb.ok and words in fb.message, fb.message
 
 
-def next_token_loss(logits, tokens):
-    V = logits.shape[-1]
-    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V), tokens[:, 1:].reshape(-1))
+def lr_at(step, lr, warmup, total, min_lr, *, mistake=None):
+    import math
+
+    if step < warmup:
+        return lr * (step if mistake == "from_zero" else step + 1) / warmup
+    low = 0.0 if mistake == "to_zero" else min_lr
+    progress = step / total if mistake == "whole_run" else (step - warmup) / (total - warmup)
+    if mistake == "linear":
+        return low + (lr - low) * (1 - progress)
+    if mistake == "bare_cos":
+        return low + (lr - low) * math.cos(math.pi * progress)
+    return low + (lr - low) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def test_next_token_loss_solution_passes_and_mistakes_are_named():
-    F = torch.nn.functional
-    assert ch14.check_next_token_loss(next_token_loss)
-    assert ch14.check_next_token_loss(lambda *a: next_token_loss(*a).item())
-    cases = (
-        (lambda lg, tk: F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tk.reshape(-1)), "its own token"),
-        (lambda lg, tk: F.cross_entropy(lg[:, 1:].reshape(-1, lg.shape[-1]), tk[:, :-1].reshape(-1)), "wrong way"),
-        (lambda lg, tk: next_token_loss(lg, tk) * tk[:, 1:].numel(), "sum over positions"),
-        (lambda lg, tk: -torch.log_softmax(lg[:, :-1], dim=1).gather(-1, tk[:, 1:, None]).mean(), "over the positions"),
-        (lambda lg, tk: -next_token_loss(lg, tk), "sign is reversed"),
-        (lambda lg, tk: next_token_loss(lg, tk).exp(), "perplexity"),
-        (lambda lg, tk: lg, "one number"),
-        (lambda lg, tk: torch.tensor(float("nan")), "finite"),
-        (lambda lg, tk: 1.0, "you returned"),
-    )
-    for fn, words in cases:
-        fb = ch14.check_next_token_loss(fn)
-        assert not fb.ok and words in fb.message, (words, fb.message)
+def test_lr_schedule_solution_passes_matches_train_lm_and_mistakes_are_named():
+    assert ch14.check_lr_schedule(lr_at)
+    assert ch14.check_lr_schedule(lambda *a: torch.tensor(lr_at(*a)))
+    # the schedule of selfattn.models.gpt.train_lm: warmup = steps // 20, min_lr = lr / 10
+    import math
+
+    steps = 200
+    for step in (0, 9, 10, 100, 199):
+        factor = (step + 1) / 10 if step < 10 else 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - 10) / (steps - 10)))
+        assert abs(lr_at(step, 1.0, 10, steps, 0.1) - factor) < 1e-12
+    cases = (("from_zero", "starts at 0"), ("to_zero", "ends at 0"), ("whole_run", "whole run"), ("linear", "linear decay"),
+             ("bare_cos", "goes from 1 to -1"))
+    for mistake, words in cases:
+        fb = ch14.check_lr_schedule(lambda *a, m=mistake: lr_at(*a, mistake=m))
+        assert not fb.ok and words in fb.message, (mistake, fb.message)
+    for fn, words in ((lambda *a: [1.0], "one number"), (lambda *a: float("inf"), "finite"), (lambda *a: 1e-3, "you returned")):
+        fb = ch14.check_lr_schedule(fn)
+        assert not fb.ok and words in fb.message, fb.message

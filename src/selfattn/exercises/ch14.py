@@ -2,12 +2,14 @@
 
 14.1 the induction score of a head; 14.2 one KV-cache decode step of an attention layer; 14.3 one AdamW
 step with gradient clipping, written by hand and checked against ``torch.optim.AdamW`` after
-``torch.nn.utils.clip_grad_norm_``; 14.4 the next-token loss of a batch. Expected values come from NumPy
+``torch.nn.utils.clip_grad_norm_``; 14.4 the learning-rate schedule of the training loop (warm-up, cosine). Expected values come from NumPy
 (written here from the definitions) or from torch's own optimiser; the typical mistakes are computed too,
 and the check names the one the learner's answer matches.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -15,12 +17,12 @@ import torch
 from .. import ref
 from . import call_learner, checker, compare_arrays, failed, passed, to_numpy
 
-__all__ = ["check_induction_score", "check_decode_step", "check_adamw_step", "check_next_token_loss"]
+__all__ = ["check_induction_score", "check_decode_step", "check_adamw_step", "check_lr_schedule"]
 
 _EX1 = "14.1 the induction score of a head"
 _EX2 = "14.2 one decode step with a KV cache"
 _EX3 = "14.3 one AdamW step by hand"
-_EX4 = "14.4 the next-token loss"
+_EX4 = "14.4 the learning-rate schedule"
 
 
 def _as_number(ex, raw, what):
@@ -272,47 +274,48 @@ def check_adamw_step(fn):
                         "clipped gradient, bias correction, and a decay that shrinks the weights apart from the moments.")
 
 
-def _next_token_loss(logits, tokens, *, shift=1, reduce="mean", axis=-1):
-    if shift == 1:
-        lg, tg = logits[:, :-1], tokens[:, 1:]
-    elif shift == -1:
-        lg, tg = logits[:, 1:], tokens[:, :-1]
-    else:
-        lg, tg = logits, tokens
-    z = lg - lg.max(axis=axis, keepdims=True)
-    logp = z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
-    nll = -np.take_along_axis(logp, tg[..., None], -1)[..., 0]
-    return float(nll.sum() if reduce == "sum" else nll.mean())
+def _lr(step, lr, warmup, total, min_lr, *, warm_from_zero=False, floor=True, period="after_warmup",
+        shape="cosine"):
+    """The learning rate at ``step`` (from 0): linear warm-up, then cosine decay to min_lr; or a typical mistake."""
+    if step < warmup:
+        return lr * (step if warm_from_zero else step + 1) / warmup
+    low = min_lr if floor else 0.0
+    progress = (step - warmup) / (total - warmup) if period == "after_warmup" else step / total
+    if shape == "linear":
+        return low + (lr - low) * (1 - progress)
+    if shape == "bare_cos":
+        return low + (lr - low) * math.cos(math.pi * progress)
+    return low + (lr - low) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 @checker(_EX4)
-def check_next_token_loss(fn):
-    """``fn(logits (B, T, V), tokens (B, T))`` -> the mean cross-entropy (nats, a 0-d tensor or float) of predicting
-    ``tokens[:, t + 1]`` from ``logits[:, t]``, over the batch and t = 0 .. T - 2: the loss the GPT is trained on.
-    Torch tensors in (logits float64, tokens int64)."""
-    rng = np.random.default_rng(17)
-    B, T, V = 2, 6, 5
-    logits, tokens = rng.normal(size=(B, T, V)) * 2, rng.integers(0, V, size=(B, T))
-    raw = call_learner(_EX4, fn, torch.from_numpy(logits.copy()), torch.from_numpy(tokens.copy()))
-    got, bad = _as_number(_EX4, raw, "loss")
-    if bad is not None:
-        return bad
-    expected = _next_token_loss(logits, tokens)
-    if abs(got - expected) <= 1e-9:
-        return passed(_EX4, f"{expected:.4f} nats: position t predicts token t + 1, so the logits lose their last "
-                            "position and the targets their first.")
-    mistakes = (
-        (_next_token_loss(logits, tokens, shift=0), "You scored each position against its own token: the logits at t "
-         "predict the *next* token, so compare logits[:, :-1] with tokens[:, 1:]."),
-        (_next_token_loss(logits, tokens, shift=-1), "Shifted the wrong way: logits[:, :-1] predict tokens[:, 1:], not "
-         "logits[:, 1:] against tokens[:, :-1]."),
-        (_next_token_loss(logits, tokens, reduce="sum"), "That is the sum over positions; return the mean, per token."),
-        (_next_token_loss(logits, tokens, axis=1), "Your softmax runs over the positions: normalise over the "
-         "vocabulary, the last axis."),
-        (-_next_token_loss(logits, tokens), "The sign is reversed: the loss is minus the mean log-probability."),
-        (float(np.exp(expected)), "That is the perplexity, exp(loss); return the loss itself."),
-    )
-    for value, message in mistakes:
-        if abs(got - value) <= 1e-9 + 1e-9 * abs(value):
-            return failed(_EX4, message)
-    return failed(_EX4, f"The mean next-token loss here is {expected:.6f} nats; you returned {got:.6f}.")
+def check_lr_schedule(fn):
+    """``fn(step, lr, warmup, total, min_lr)`` -> the learning rate (a float) at ``step``, counted from 0, of the
+    schedule this chapter's training uses (``selfattn.models.gpt.train_lm``): a linear warm-up that reaches ``lr``
+    at step ``warmup - 1`` (``lr (step + 1) / warmup``), then a cosine decay from ``lr`` at step ``warmup`` to
+    ``min_lr`` at step ``total``: ``min_lr + (lr - min_lr) (1 + cos(pi (step - warmup) / (total - warmup))) / 2``."""
+    lr, warmup, total, min_lr = 3e-3, 10, 200, 3e-4
+    steps = (0, 4, 9, 10, 60, 105, 150, 199)
+    for step in steps:
+        got, bad = _as_number(_EX4, call_learner(_EX4, fn, step, lr, warmup, total, min_lr), "learning rate")
+        if bad is not None:
+            return bad
+        expected = _lr(step, lr, warmup, total, min_lr)
+        if abs(got - expected) <= 1e-12 + 1e-6 * expected:  # float32 passes
+            continue
+        at = f"At step {step} (warmup={warmup}, total={total})"
+        for kwargs, message in (
+            (dict(warm_from_zero=True), "your warm-up starts at 0: step 0 would not train at all. Use lr (step + 1) / "
+                                        "warmup, which reaches lr at step warmup - 1."),
+            (dict(floor=False), "your decay ends at 0: it ends at min_lr, min_lr + (lr - min_lr) (1 + cos(...)) / 2."),
+            (dict(period="whole_run"), "your cosine runs over the whole run: it starts after the warm-up, with "
+                                       "progress (step - warmup) / (total - warmup)."),
+            (dict(shape="linear"), "that is a linear decay: use the cosine, (1 + cos(pi progress)) / 2."),
+            (dict(shape="bare_cos"), "cos(pi progress) alone goes from 1 to -1, below min_lr: use "
+                                     "(1 + cos(pi progress)) / 2, from 1 to 0."),
+        ):
+            if abs(got - _lr(step, lr, warmup, total, min_lr, **kwargs)) <= 1e-12 + 1e-6 * abs(expected):
+                return failed(_EX4, f"{at} {message}")
+        return failed(_EX4, f"{at} the learning rate is {expected:.6g}; you returned {got:.6g}.")
+    return passed(_EX4, "Linear warm-up to lr, then half a cosine down to min_lr: the schedule train_lm hands to "
+                        "torch.optim.lr_scheduler.LambdaLR, with min_lr = lr / 10 there.")
