@@ -109,3 +109,48 @@ def test_sliding_window_mask_follows_the_one_mask_dtype_rule():
     assert ch09.check_sliding_window_mask(
         lambda T, w: [[i - w < j <= i for j in range(T)] for i in range(T)]
     ).ok
+
+
+def flops_solution(B, T, D, H):
+    return 4 * 2 * B * T * D * D + 2 * 2 * B * T * T * D  # Q, K, V, W_O; scores and weights @ V
+
+
+def test_flops_solution_passes_and_equals_flop_counter_mode():
+    assert ch09.check_attention_flops(flops_solution)
+    assert ch09._counted_flops(2, 24, 16, 4) == 8 * 2 * 24 * 16**2 + 4 * 2 * 24**2 * 16  # 106496
+
+
+def test_flops_mistakes_are_named():
+    cases = (
+        (lambda B, T, D, H: flops_solution(B, T, D, H) // 2, "multiply-add is 2"),
+        (lambda B, T, D, H: 6 * B * T * D * D + 4 * B * T * T * D, "output projection W_O"),
+        (lambda B, T, D, H: 8 * B * T * D * D + 2 * B * T * T * D, "Only one of the two"),
+        (lambda B, T, D, H: 8 * B * T * D * D + 4 * H * B * T * T * D, "instead of d_head"),
+        (lambda B, T, D, H: 4 * B * T * T * D, "only the attention products"),
+    )
+    for fn, words in cases:
+        feedback = ch09.check_attention_flops(fn)
+        assert not feedback and words in feedback.message, feedback.message
+    for bad, words in ((lambda *a: "many", "one number"), (lambda *a: float("nan"), "finite"), (lambda *a: 7, "FlopCounterMode counts")):
+        feedback = ch09.check_attention_flops(bad)
+        assert not feedback and words in feedback.message, feedback.message
+
+
+def bytes_solution(B, T, D, H, element_size):
+    return (4 * B * T * D + 4 * B * H * T * T) * element_size
+
+
+def test_bytes_solution_passes_and_mistakes_are_named():
+    assert ch09.check_attention_bytes(bytes_solution)
+    cases = (
+        (lambda B, T, D, H, e: (4 * B * T * D + 2 * B * H * T * T) * e, "softmax's own traffic"),
+        (lambda B, T, D, H, e: (4 * B * T * D + 4 * B * T * T) * e, "every head has its own"),
+        (lambda B, T, D, H, e: 4 * B * T * D + 4 * B * H * T * T, "numbers, not bytes"),
+        (lambda B, T, D, H, e: bytes_solution(B, T, D, H, e) * 8, "bits"),
+        (lambda B, T, D, H, e: 4 * B * H * T * T * e, "left out Q, K, V"),
+    )
+    for fn, words in cases:
+        feedback = ch09.check_attention_bytes(fn)
+        assert not feedback and words in feedback.message, feedback.message
+    feedback = ch09.check_attention_bytes(lambda *a: float("inf"))
+    assert not feedback and "finite" in feedback.message

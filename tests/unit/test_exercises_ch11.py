@@ -9,11 +9,32 @@ def kv_cache_bytes(n_layers, n_heads, n_kv_heads, d_head, bytes_per_number, n_to
     return 2 * n_layers * n_kv_heads * d_head * bytes_per_number * n_tokens
 
 
-def merge(m_a, l_a, acc_a, m_b, l_b, acc_b, *, guard=True, direction=1):
-    m = torch.maximum(m_a, m_b)
-    safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m)) if guard else m
-    s_a, s_b = torch.exp(direction * (m_a - safe)), torch.exp(direction * (m_b - safe))
-    return m, s_a * l_a + s_b * l_b, s_a[:, None] * acc_a + s_b[:, None] * acc_b
+def gqa(Q, K, V, *, tiled=False):
+    n_rep = Q.shape[1] // K.shape[1]
+    if tiled:
+        K, V = K.repeat(1, n_rep, 1, 1), V.repeat(1, n_rep, 1, 1)
+    else:
+        K, V = K.repeat_interleave(n_rep, dim=1), V.repeat_interleave(n_rep, dim=1)  # repeat_kv
+    return torch.softmax(Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5, dim=-1) @ V
+
+
+def gather(pool, block_table, n_tokens):
+    bs = pool.shape[1]
+    t = torch.arange(n_tokens)
+    return pool[block_table[t // bs], t % bs]
+
+
+def sample(probs, p, u, *, renormalise=True, crossing=True, vocab_order=False):
+    keep = top_p_keep(probs, p, include_crossing=crossing)
+    if vocab_order:
+        kept = torch.where(keep, probs, torch.zeros_like(probs))
+        order = torch.arange(len(probs))
+    else:
+        order = torch.sort(probs, descending=True).indices
+        kept = torch.where(keep, probs, torch.zeros_like(probs))[order]
+    cum = torch.cumsum(kept, 0) / (kept.sum() if renormalise else 1.0)
+    index = min(int(torch.searchsorted(cum, torch.tensor(u, dtype=cum.dtype), right=True)), len(probs) - 1)
+    return int(order[index])
 
 
 def top_p_keep(probs, p, *, include_crossing=True, all_at_one=True):
@@ -28,9 +49,11 @@ def top_p_keep(probs, p, *, include_crossing=True, all_at_one=True):
 
 def test_solutions_pass():
     assert ch11.check_kv_cache_bytes(kv_cache_bytes)
-    assert ch11.check_merge_partials(merge)
+    assert ch11.check_gqa(gqa)
     assert ch11.check_top_p_keep(top_p_keep)
-    assert ch11.check_merge_partials(lambda *a: list(merge(*a)))  # a list is a pair too
+    assert ch11.check_block_table_gather(gather)
+    assert ch11.check_top_p_sample(sample)
+    assert ch11.check_top_p_sample(lambda *a: torch.tensor(sample(*a)))  # a one-element tensor is a token id too
 
 
 def test_stubs_are_not_attempted():
@@ -40,7 +63,8 @@ def test_stubs_are_not_attempted():
     def raises(*args):
         raise NotImplementedError
 
-    for check in (ch11.check_kv_cache_bytes, ch11.check_merge_partials, ch11.check_top_p_keep):
+    for check in (ch11.check_kv_cache_bytes, ch11.check_gqa, ch11.check_top_p_keep, ch11.check_block_table_gather,
+                  ch11.check_top_p_sample):
         for fn in (stub, raises):
             fb = check(fn)
             assert not fb.ok and not fb.attempted, fb.message
@@ -60,19 +84,67 @@ def test_cache_size_mistakes_are_named():
         assert not fb.ok and words in fb.message, (words, fb.message)
 
 
-def test_merge_mistakes_are_named():
-    cases = {
-        "exp(-inf - (-inf)) is NaN": lambda *a: merge(*a, guard=False),
-        "rescale each by exp(m_chunk - m_new)":
-            lambda m_a, l_a, acc_a, m_b, l_b, acc_b: (torch.maximum(m_a, m_b), l_a + l_b, acc_a + acc_b),
-        "goes the other way": lambda *a: merge(*a, direction=-1),
-        "normalised context": lambda *a: (lambda m, l, acc: (m, l, acc / l[:, None]))(*merge(*a)),
-        "Return the triple": lambda *a: merge(*a)[:2],
-        "merged max": lambda m_a, l_a, acc_a, m_b, l_b, acc_b: (torch.minimum(m_a, m_b),) + merge(
-            m_a, l_a, acc_a, m_b, l_b, acc_b)[1:],
-    }
-    for words, fn in cases.items():
-        fb = ch11.check_merge_partials(fn)
+def test_gqa_mistakes_are_named():
+    def softmax_over_queries(Q, K, V):
+        K, V = (x.repeat_interleave(Q.shape[1] // K.shape[1], dim=1) for x in (K, V))
+        return torch.softmax(Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5, dim=-2) @ V
+
+    def head_zero(Q, K, V):
+        return gqa(Q, K[:, :1], V[:, :1])
+
+    def unscaled(Q, K, V):
+        return gqa(Q * Q.shape[-1] ** 0.5, K, V)
+
+    cases = (
+        (lambda *a: gqa(*a, tiled=True), "repeat_interleave"),
+        (head_zero, "key/value head 0"),
+        (unscaled, "sqrt(Dh)"),
+        (softmax_over_queries, "over the queries"),
+        (lambda Q, K, V: gqa(Q, K, V)[:, :, :1], "should have shape"),
+        (lambda Q, K, V: gqa(Q, K, V) * torch.nan, "NaN"),
+    )
+    for fn, words in cases:
+        fb = ch11.check_gqa(fn)
+        assert not fb.ok and words in fb.message, (words, fb.message)
+
+
+def test_block_table_mistakes_are_named():
+    def pool_order(pool, table, n):
+        return pool.reshape(-1, pool.shape[-1])[:n]
+
+    def swapped(pool, table, n):
+        t = torch.arange(n)
+        return pool[table[t % pool.shape[1]], t // pool.shape[1]]
+
+    def shifted(pool, table, n):
+        t = torch.arange(1, n + 1)
+        return pool[table[t // pool.shape[1]], t % pool.shape[1]]
+
+    def backwards(pool, table, n):
+        t = torch.arange(n)
+        return pool[table[t // pool.shape[1]], pool.shape[1] - 1 - t % pool.shape[1]]
+
+    def whole_blocks(pool, table, n):
+        return pool[table].reshape(-1, pool.shape[-1])
+
+    cases = ((pool_order, "in its own order"), (swapped, "swapped the division"), (shifted, "Off by one"),
+             (backwards, "run backwards"), (whole_blocks, "every slot"), (lambda *a: gather(*a).T, "should have shape"))
+    for fn, words in cases:
+        fb = ch11.check_block_table_gather(fn)
+        assert not fb.ok and words in fb.message, (words, fb.message)
+
+
+def test_top_p_sampler_mistakes_are_named():
+    cases = (
+        (lambda *a: sample(*a, renormalise=False), "did not renormalise"),
+        (lambda *a: sample(*a, crossing=False), "carries the mass past p"),
+        (lambda *a: sample(*a, vocab_order=True), "vocabulary order"),
+        (lambda probs, p, u: int(torch.argmax(probs)), "greedy"),
+        (lambda probs, p, u: probs, "one token id"),
+        (lambda probs, p, u: 1.0, "one token id"),
+    )
+    for fn, words in cases:
+        fb = ch11.check_top_p_sample(fn)
         assert not fb.ok and words in fb.message, (words, fb.message)
 
 

@@ -91,6 +91,21 @@ def test_anatomy(path):
         assert "assert " in source, "a solution cell asserts that its check passes"
 
 
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name[:2] in ("09", "10", "11", "12", "13", "14")],
+                         ids=lambda p: p.stem)
+def test_later_chapters_have_four_exercises_each_with_a_check_stub_hint_and_solution(path):
+    """Issue 27: at least four exercises in each of chapters 09-14, each a stub that raises NotImplementedError and
+    calls a check of selfattn.exercises, numbered in order, distinct (no exercise twice)."""
+    cells = _load(path)["cells"]
+    chapter = int(path.name[:2])
+    numbers = [m for c in cells if c["cell_type"] == "markdown" for m in re.findall(r"\*\*Exercise (\d+\.\d+)", "".join(c["source"]))]
+    assert len(numbers) >= 4 and numbers == [f"{chapter}.{i}" for i in range(1, len(numbers) + 1)], numbers
+    stubs = [c for c in cells if c["cell_type"] == "code" and "raise NotImplementedError" in "".join(c["source"])
+             and "# @title Solution" not in "".join(c["source"])]
+    checks = [re.findall(rf"ch{chapter:02d}\.(check_\w+)\(", "".join(c["source"]))[-1] for c in stubs]
+    assert len(checks) == len(numbers) and len(set(checks)) == len(checks), checks
+
+
 def test_chapter_00_names_the_solution_toggle():
     text = _markdown(_load(ROOT / "notebooks" / "00_how_to_use.ipynb"))
     assert f"*{SOLUTION_PROMPT}*" in text and "*Hint*" in text

@@ -1,12 +1,14 @@
 """Checks for the exercises of chapter 11 (attention at inference).
 
-11.1 the KV cache's size; 11.2 merging two split-KV partial results; 11.3 the top-p (nucleus) set.
+11.1 the KV cache's size; 11.2 grouped-query attention from ``repeat_kv``; 11.3 the top-p (nucleus) set;
+11.4 a paged cache's block-table gather; 11.5 a top-p sampler. (Merging two partial results is
+exercise 10.1.)
 Expected values are computed here with plain Python and NumPy, independently of
 :mod:`selfattn.gqa`, :mod:`selfattn.inference` and :mod:`selfattn.sampling`; the usual mistakes are
 computed too, and the check names the one the learner's answer matches: the factor 2 for keys and
-values forgotten, ``n_heads`` used instead of ``n_kv_heads``, bits instead of bytes; partial sums added
-without rescaling, rescaled the wrong way, NaN where a chunk saw no key; the token that crosses p left
-out, the cumulative sum taken in vocabulary order instead of sorted order.
+values forgotten, ``n_heads`` used instead of ``n_kv_heads``, bits instead of bytes; heads tiled instead of
+interleaved; the token that crosses p left out, the cumulative sum taken in vocabulary order instead of
+sorted order; the block table ignored or read off by one; a draw not renormalised to the kept set.
 
 A function whose body is still empty (``pass``, ``...`` or a docstring) counts as not attempted.
 """
@@ -28,11 +30,13 @@ from . import (
     to_numpy,
 )
 
-__all__ = ["check_kv_cache_bytes", "check_merge_partials", "check_top_p_keep"]
+__all__ = ["check_kv_cache_bytes", "check_gqa", "check_top_p_keep", "check_block_table_gather", "check_top_p_sample"]
 
 _EX1 = "11.1 the size of the KV cache"
-_EX2 = "11.2 merge two partial results"
+_EX2 = "11.2 grouped-query attention"
 _EX3 = "11.3 the top-p set"
+_EX4 = "11.4 a paged cache's block table"
+_EX5 = "11.5 a top-p sampler"
 
 # (n_layers, n_heads, n_kv_heads, d_head, bytes_per_number, n_tokens): a small MHA model, Llama 3 8B
 # in bfloat16 at 8k tokens, a multi-query model in float32.
@@ -67,73 +71,56 @@ def check_kv_cache_bytes(fn):
                   "of cache for one 8k-token sequence in bfloat16.")
 
 
-def _merge_reference(m_a, l_a, acc_a, m_b, l_b, acc_b):
-    m = np.maximum(m_a, m_b)
-    # a row where neither chunk saw a key stays empty (max -inf, sum 0); exp(-inf - -inf) would be NaN
-    safe = np.where(np.isfinite(m), m, 0.0)
-    s_a, s_b = np.exp(m_a - safe), np.exp(m_b - safe)
-    return m, s_a * l_a + s_b * l_b, s_a[:, None] * acc_a + s_b[:, None] * acc_b
-
-
-def _partial(scores: np.ndarray, v: np.ndarray):
-    """(max, sum, accumulator) of one chunk of keys; -inf scores are keys the query cannot see."""
-    m = scores.max(axis=-1)
-    safe = np.where(np.isfinite(m), m, 0.0)
-    p = np.exp(scores - safe[:, None])
-    return m, p.sum(axis=-1), p @ v
+def _np_attention(Q, K, V):
+    """softmax(Q K^T / sqrt(Dh)) V over the last two axes, in NumPy float64."""
+    s = Q @ np.swapaxes(K, -1, -2) / np.sqrt(Q.shape[-1])
+    w = np.exp(s - s.max(-1, keepdims=True))
+    return (w / w.sum(-1, keepdims=True)) @ V
 
 
 @checker(_EX2)
-def check_merge_partials(fn):
-    """``fn(m_a, l_a, acc_a, m_b, l_b, acc_b)`` -> ``(m, l, acc)``: two chunks' partial results, each a
-    row max (T,), a sum of exponentials (T,) and an unnormalised accumulator (T, Dv), merged into the
-    partial result of both chunks together. Torch float64 tensors in and out."""
+def check_gqa(fn):
+    """``fn(Q (B, H, T, Dh), K (B, H_kv, S, Dh), V (B, H_kv, S, Dh))`` -> the context (B, H, T, Dh) of
+    grouped-query attention (no mask): query head h reads key/value head ``h // (H // H_kv)``, the
+    heads being repeated with ``repeat_kv`` (each kv head copied ``H // H_kv`` times, next to itself).
+    Torch float64 tensors in and out. Ainslie et al. 2023."""
     if is_empty_stub(fn):
         return not_attempted(_EX2)
-    rng = np.random.default_rng(11)
-    T, S, Dv = 4, 10, 3
-    scores = rng.normal(size=(T, S)) * 3.0
-    scores[3, :] = -np.inf  # row 3 sees no key in either chunk (padding): it must stay empty
-    scores[2, 6:] = -np.inf  # row 2 sees no key of chunk b: chunk b contributes nothing to it
-    v = rng.normal(size=(S, Dv))
-    a, b = _partial(scores[:, :6], v[:6]), _partial(scores[:, 6:], v[6:])
-    t = torch.from_numpy
-    result = call_learner(_EX2, fn, *(t(x.copy()) for x in (*a, *b)))
-    if not (isinstance(result, (tuple, list)) and len(result) == 3):
-        return failed(_EX2, "Return the triple (m, l, acc): the merged max, sum and accumulator.")
-    got = [to_numpy(x) for x in result]
-    expected = _merge_reference(*a, *b)
-    if got[1] is not None and got[1].shape == (T,) and np.allclose(got[1][:3], a[1][:3] + b[1][:3]):
-        return failed(_EX2, "You added the two sums as they are, but each was taken relative to its own "
-                      "max: rescale each by exp(m_chunk - m_new) before adding (the online softmax of chapter 10).")
-    m_new = expected[0]
-    with np.errstate(invalid="ignore", over="ignore"):
-        wrong_way = np.exp(m_new - a[0])[:3] * a[1][:3] + np.exp(m_new - b[0])[:3] * b[1][:3]
-    if got[1] is not None and got[1].shape == (T,) and np.allclose(got[1][:2], wrong_way[:2]):
-        return failed(_EX2, "The rescaling goes the other way: a chunk whose max is below the new max "
-                      "shrinks, by exp(m_chunk - m_new) <= 1.")
-    if got[1] is not None and got[1].shape == (T,) and np.isnan(got[1][3]):
-        return failed(_EX2, "Row 3 sees no key in either chunk (both maxima are -inf), and your merge gave "
-                      "NaN there: exp(-inf - (-inf)) is NaN. Keep such a row empty: max -inf, sum 0, accumulator 0.")
-    if got[2] is not None and got[2].shape == expected[2].shape:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            normalised = expected[2] / expected[1][:, None]
-        rows = slice(0, 3)  # the rows that see a key
-        if np.allclose(got[2][rows], normalised[rows], atol=1e-10):
-            return failed(_EX2, "Your acc is the normalised context (acc / l): keep the accumulator unnormalised, "
-                          "sum_j e^(s_j - m) v_j, so that it can be merged again; divide by l only once, at the end.")
-    got_m, e_m = got[0], expected[0]
-    finite = np.isfinite(e_m)
-    if (got_m is None or got_m.shape != e_m.shape or not np.array_equal(np.isneginf(got_m), ~finite)
-            or not np.allclose(got_m[finite], e_m[finite], atol=1e-12, rtol=0)):
-        return failed(_EX2, "The merged max is max(m_a, m_b) per row, (T,), and stays -inf where neither "
-                      "chunk saw a key.")
-    for x, e, what in ((got[1], expected[1], "sum l"), (got[2], expected[2], "accumulator acc")):
-        bad = compare_arrays(_EX2, x, e, what=f"the merged {what}", atol=1e-10, rtol=1e-10)
+    rng = np.random.default_rng(12)
+    for H, H_kv in ((6, 2), (4, 4), (4, 1)):
+        B, T, S, Dh = 2, 3, 5, 4
+        Q, K, V = rng.normal(size=(B, H, T, Dh)), rng.normal(size=(B, H_kv, S, Dh)), rng.normal(size=(B, H_kv, S, Dh))
+        t = torch.from_numpy
+        got = to_numpy(call_learner(_EX2, fn, t(Q.copy()), t(K.copy()), t(V.copy())))
+        group = np.arange(H) // (H // H_kv)
+        expected = _np_attention(Q, K[:, group], V[:, group])
+        where = f"With H={H} query heads and H_kv={H_kv} key/value heads"
+        if got is not None and got.shape == expected.shape and np.allclose(got, expected, atol=1e-8, rtol=1e-8):
+            continue
+        if got is not None and got.shape == expected.shape and np.isfinite(got).all():
+            tiled = np.arange(H) % H_kv
+            mistakes = (
+                (_np_attention(Q, K[:, tiled], V[:, tiled]), "Query head h read key/value head h % H_kv: you tiled the "
+                 "heads (torch .repeat or cat of copies) instead of repeating each one in place. Use "
+                 "K.repeat_interleave(H // H_kv, dim=1) (or expand then reshape), so heads 0..n_rep-1 share kv head 0."),
+                (_np_attention(Q, K[:, :1].repeat(H, 1), V[:, :1].repeat(H, 1)), "Every query head read key/value "
+                 "head 0: repeat all H_kv heads, each H // H_kv times."),
+                (_np_attention(Q * np.sqrt(Dh), K[:, group], V[:, group]), "You forgot to divide the scores by "
+                 "sqrt(Dh)."),
+            )
+            for candidate, message in mistakes:
+                if np.allclose(got, candidate, atol=1e-8):
+                    return failed(_EX2, message)
+            s = Q @ np.swapaxes(K[:, group], -1, -2) / np.sqrt(Dh)
+            w = np.exp(s - s.max(-2, keepdims=True))
+            if np.allclose(got, (w / w.sum(-2, keepdims=True)) @ V[:, group], atol=1e-8):
+                return failed(_EX2, "Your softmax runs over the queries (dim=-2); each query's weights over the keys "
+                                    "must sum to one: softmax(dim=-1).")
+        bad = compare_arrays(_EX2, got, expected, what=f"{where}, the context", atol=1e-8, rtol=1e-8)
         if bad is not None:
             return bad
-    return passed(_EX2, "Both partials rescaled to the new max and added: the merge is associative and "
-                  "commutative, so chunks can be processed on different cores in any order.")
+    return passed(_EX2, "repeat_interleave the H_kv heads to H, then ordinary attention: with H_kv = H it is "
+                        "multi-head attention, with H_kv = 1 multi-query, and the cache stores only H_kv heads.")
 
 
 @checker(_EX3)
@@ -189,3 +176,105 @@ def check_top_p_keep(fn):
                       "probabilities. Treat p >= 1 as keeping every token.")
     return passed(_EX3, "Sorted, most probable first, kept while the mass before each token is below p, and "
                   "p = 1 keeps every token even where rounding makes the running sum reach 1 early.")
+
+
+def _gather(pool, table, n, shift=0):
+    bs = pool.shape[1]
+    return np.stack([pool[table[(t + shift) // bs], (t + shift) % bs] for t in range(n)])
+
+
+@checker(_EX4)
+def check_block_table_gather(fn):
+    """``fn(pool (n_blocks, block_size, Dh), block_table (n_logical,) int64, n_tokens)`` -> (n_tokens, Dh): one
+    sequence's cached keys in position order, read from a paged cache: token t lies in physical block
+    ``block_table[t // block_size]``, at slot ``t % block_size``. Torch tensors in and out. Kwon et al.
+    2023 (vLLM's PagedAttention)."""
+    if is_empty_stub(fn):
+        return not_attempted(_EX4)
+    rng = np.random.default_rng(14)
+    pool = rng.normal(size=(7, 4, 3))
+    table = np.array([5, 2, 6, 0])  # a spare last block, allocated ahead
+    for n in (10, 8, 1):
+        got_raw = call_learner(_EX4, fn, torch.from_numpy(pool.copy()), torch.from_numpy(table.copy()), n)
+        got = to_numpy(got_raw)
+        expected = _gather(pool, table, n)
+        if got is not None and got.shape == (len(table) * 4, 3) and got.shape != expected.shape:
+            return failed(_EX4, f"You returned every slot of the sequence's blocks ({got.shape[0]} rows); the last block "
+                                f"is only partly filled: keep the first n_tokens = {n} rows.")
+        if got is not None and got.shape == expected.shape and np.isfinite(got).all():
+            flat = pool.reshape(-1, 3)
+            mistakes = (
+                (flat[:n], "You read the pool in its own order: the sequence's tokens lie in the blocks the table names, "
+                           "token t in pool[block_table[t // block_size], t % block_size]."),
+                (np.stack([pool[table[t % 4], t // 4] for t in range(n)]), "You swapped the division and the remainder: the "
+                    "logical block is t // block_size and the slot inside it t % block_size."),
+                (_gather(pool, table, n, shift=1), "Off by one: your rows are those of positions 1..n_tokens; the first "
+                                                   "token is position 0, in block block_table[0], slot 0."),
+                (np.stack([pool[table[t // 4], 3 - t % 4] for t in range(n)]), "The slots run backwards: slot t % "
+                 "block_size, counted from the start of the block."),
+            )
+            for candidate, message in mistakes:
+                if np.allclose(got, candidate) and not np.allclose(got, expected):
+                    return failed(_EX4, message)
+        bad = compare_arrays(_EX4, got_raw, expected, what=f"For n_tokens={n} the gathered keys", atol=0, rtol=0)
+        if bad is not None:
+            return bad
+    return passed(_EX4, "pool[block_table[t // block_size], t % block_size] for t < n_tokens: the cache grows a "
+                        "block at a time anywhere in the pool, and no memory is reserved for tokens not yet written.")
+
+
+def _draw(probs, p, u, *, renormalise=True, sorted_order=True, keep_crossing=True):
+    order = np.argsort(-probs, kind="stable") if sorted_order else np.arange(len(probs))
+    ranked = probs[order]
+    before = np.cumsum(ranked) - ranked
+    keep = (before < p) if keep_crossing else (np.cumsum(ranked) < p)
+    if not sorted_order:  # the top-p set in vocabulary order
+        top = np.argsort(-probs, kind="stable")
+        kept = np.zeros(len(probs), bool)
+        kept[top[(np.cumsum(probs[top]) - probs[top]) < p]] = True
+        keep = kept
+    kept_probs = np.where(keep, ranked, 0.0)
+    cum = np.cumsum(kept_probs) / (kept_probs.sum() if renormalise else 1.0)
+    index = int(np.searchsorted(cum, u, side="right"))
+    return int(order[min(index, len(order) - 1)])
+
+
+@checker(_EX5)
+def check_top_p_sample(fn):
+    """``fn(probs (V,), p, u)`` -> one token id (an int): the top-p draw that the uniform number ``u`` in
+    [0, 1) selects. Keep the top-p set (exercise 11.3), renormalise it to sum to one, walk it most probable
+    first, and return the first token whose cumulative probability exceeds u (inverse-CDF sampling).
+    Holtzman et al. 2020."""
+    if is_empty_stub(fn):
+        return not_attempted(_EX5)
+    probs = np.array([0.05, 0.10, 0.02, 0.25, 0.15, 0.08, 0.30, 0.05 - 1e-3, 1e-3])  # vocabulary order != sorted
+    cases = [(0.72, u) for u in (0.05, 0.4, 0.75, 0.93, 0.999)] + [(0.5, 0.6), (1.0, 0.9995)]
+    answers = []
+    for p, u in cases:
+        raw = call_learner(_EX5, fn, torch.from_numpy(probs.copy()), p, u)
+        if isinstance(raw, torch.Tensor) and raw.numel() == 1:
+            raw = raw.item()
+        if isinstance(raw, bool) or not isinstance(raw, (int, np.integer)):
+            return failed(_EX5, f"Return one token id, an int (use .item() on a one-element tensor); got "
+                                f"{type(raw).__name__}{getattr(raw, 'shape', '')}.")
+        answers.append(int(raw))
+    top = int(np.argmax(probs))
+    if all(a == top for a in answers):
+        return failed(_EX5, "You returned the most probable token for every u (greedy); use u to draw from the kept set.")
+    for (p, u), got in zip(cases, answers, strict=True):
+        expected = _draw(probs, p, u)
+        if got == expected:
+            continue
+        at = f"At p={p}, u={u}"
+        for kwargs, message in (
+            (dict(renormalise=False), "you did not renormalise: the kept probabilities sum to less than 1, so a large u "
+                                      "walks past the top-p set. Divide the kept probabilities by their sum first."),
+            (dict(keep_crossing=False), "you left out the token that carries the mass past p, so the kept set is too "
+                                        "small: keep a token while the mass before it is below p."),
+            (dict(sorted_order=False), "you walked the kept tokens in vocabulary order: walk them most probable first."),
+        ):
+            if got == _draw(probs, p, u, **kwargs):
+                return failed(_EX5, f"{at} {message}")
+        return failed(_EX5, f"{at} the draw is token {expected}; you returned {got}.")
+    return passed(_EX5, "Sort, keep the top-p set, renormalise, invert the cumulative sum at u: with u drawn "
+                        "uniformly this samples each kept token with its renormalised probability.")
