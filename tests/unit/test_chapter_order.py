@@ -216,8 +216,6 @@ KNOWN_REMAINING = {
     ("04", "models.gpt"),  # cell 38: the packing leak measured on a GPT (chapter 07 assembles it)
     ("04", "efficient.tiled"),  # cell 46: mask_mod run by the tiled kernel (chapter 10)
     ("05", "models.gpt"),  # cell 34: left padding in a GPT (chapter 07)
-    ("08", "efficient.tiled"),  # cell 35: tiled ALiBi, to move to chapter 10
-    ("08", "efficient.memory"),  # cell 35: its memory counter (chapter 09)
     ("09", "efficient.tiled"),  # cell 21: the tiled loop's memory beside the naive one (chapter 10)
 }
 
