@@ -9,28 +9,34 @@ Where each chapter's code lives:
 chapter                                     modules
 ==========================================  ==========================================================
 01 tokens and embeddings                    ``embeddings``, ``pretrained``, ``experiments.context``
-02 similarity and softmax                   ``attention`` (``masked_softmax``), ``ref.attention``,
-                                           ``experiments.scaling``
+02 similarity and softmax                   ``attention`` (``masked_softmax``), ``ref``, ``ref.attention``,
+                                           ``experiments.scaling``, ``experiments.tying`` (its recall task)
 03 queries, keys and values                 ``attention`` (``scaled_dot_product_attention``),
                                            ``experiments.tying``
 04 causal masking                           ``masks``, ``models.tiny_lm``, ``data``
-05 cross-attention and padding              ``masks``, ``attention``
-06 multi-head attention                     ``multihead``, ``pretrained``
+05 cross-attention and padding              ``masks``, ``attention``, ``models.seq2seq``
+06 multi-head attention                     ``multihead``, ``pretrained``, ``experiments.two_lookups``
 07 the Transformer block                    ``block``, ``encoder``, ``ref.block``,
-                                           ``modern``, ``ref.modern``, ``experiments.qk_norm``
+                                           ``modern``, ``ref.modern``, ``experiments.qk_norm``,
+                                           ``models.gpt`` (the GPT, assembled and checked)
 08 positions                                ``positions``, ``ref.positions``, ``experiments.positions``
 09 parallel and quadratic                   ``efficient.variants``, ``efficient.memory``, ``experiments``,
-                                           ``efficient.depth``, ``models.rnn``
-10 FlashAttention                           ``efficient.tiled``, ``efficient.triton_kernel``, ``ref.online``
+                                           ``efficient.depth``, ``models.rnn``, ``efficient.experiments``
+10 FlashAttention                           ``efficient.tiled``, ``efficient.triton_kernel``, ``ref.online``,
+                                           ``efficient.io_model``, ``efficient.head_groups``,
+                                           ``inference.split_kv.merge_partials``, ``inference.split_kv.Partial``,
+                                           ``efficient.kv_cache`` (the KV cache)
 11 inference                                ``inference`` (``costs``, ``paged``, ``split_kv``, ``streaming``,
                                            ``convert``, ``decode_timing``), ``gqa``, ``sampling``
 12 attention across devices                 ``distributed`` (``ring``, ``ulysses``, ``layout``, ``launch``)
 13 attention explanations                   ``interpret``
-14 capstone GPT                             ``models.gpt``, ``efficient.kv_cache``, ``checkpoint``,
+14 capstone GPT                             ``models.gpt`` (trained), ``checkpoint``,
                                            ``experiments.induction``, ``live`` (the model in the page)
 ==========================================  ==========================================================
 
-Every chapter also has ``viz.<topic>`` (figures and explorers) and ``exercises.chNN`` (the checks).
+Every chapter also has ``viz.<topic>`` (figures and explorers) and ``exercises.chNN`` (the checks);
+``device`` and ``data`` serve every chapter. No chapter's code uses a module of a later row
+(tests/unit/test_chapter_order.py reads this table).
 """
 
 from ._workarounds import initialise_mkl_vml
