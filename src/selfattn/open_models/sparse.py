@@ -28,6 +28,7 @@ __all__ = [
     "window_strided_keep",
     "sparse_attention",
     "selection_costs",
+    "needle_case",
 ]
 
 
@@ -67,6 +68,7 @@ class LightningIndexer(nn.Module):
         self.W_IK = nn.Parameter(torch.randn(d_model, Di) / math.sqrt(d_model))
         self.k_norm = nn.LayerNorm(Di, eps=1e-6)
         self.W_w = nn.Parameter(torch.randn(d_model, Hi) / math.sqrt(d_model))
+        self.activation = torch.relu  # DeepSeek-V3.2's choice (for throughput); the tests swap it to show it matters
 
     def _rope_front(self, x, positions):
         front, back = x.split([self.rope_dim, self.index_head_dim - self.rope_dim], dim=-1)
@@ -85,7 +87,7 @@ class LightningIndexer(nn.Module):
         q = self._rope_front(q, positions)
         k = self._rope_front(self.k_norm(x @ self.W_IK), positions)  # (B, T, Di): one key per token
         work = torch.promote_types(x.dtype, torch.float32)
-        scores = torch.relu(q.to(work) @ k.to(work)[:, None].transpose(-1, -2) / math.sqrt(Di))  # (B, Hi, T, T)
+        scores = self.activation(q.to(work) @ k.to(work)[:, None].transpose(-1, -2) / math.sqrt(Di))  # (B, Hi, T, T)
         w = (x @ self.W_w).to(work) / math.sqrt(Hi)  # (B, T, Hi): each query weighs its indexer heads
         index = torch.einsum("bth,bhts->bts", w, scores)  # (B, T, T)
         return index.masked_fill(~causal_mask(T), float("-inf"))
@@ -172,3 +174,23 @@ def selection_costs(T: int, *, k: int, n_heads: int, d_qk: int, d_v: int, n_inde
     index = (2 * T * Hi * Di + T * Hi, T * Di * index_bytes_per_number)
     fixed = (attend * kk, kk * cache_numbers * bytes_per_number)
     return {"dense": dense, "topk": (index[0] + fixed[0], index[1] + fixed[1]), "fixed": fixed}
+
+
+def needle_case(T: int = 256, needle: int = 40, d_head: int = 16, *, strength: float = 3.0, seed: int = 0):
+    """A retrieval case for the last query: random unit-scale queries, keys and values (one head,
+    float64) and one key far back, at ``needle``, aligned with the last query so that dense attention
+    reads mostly its value.
+
+    Returns: ``(q, k, v)`` each (1, T, d_head).
+
+    Raises: TypeError / ValueError: sizes not positive ints, ``needle`` not below T - 1.
+
+    Source: chapter 11b (the needle-in-a-haystack probe, as chapter 11's retrieval probe).
+    """
+    T, d_head = require_positive_int("T", T), require_positive_int("d_head", d_head)
+    if isinstance(needle, bool) or not isinstance(needle, int) or not 0 <= needle < T - 1:
+        raise ValueError(f"needle must be an int in [0, T - 1) = [0, {T - 1}); got {needle!r}")
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, T, d_head, generator=g, dtype=torch.float64) for _ in range(3))
+    k[0, needle] = strength * q[0, -1] / q[0, -1].norm() * math.sqrt(d_head)  # score ~ strength * |q| sqrt(Dh) / sqrt(Dh)
+    return q, k, v
