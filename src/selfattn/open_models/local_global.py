@@ -214,7 +214,7 @@ def longformer_mask_mod(one_sided: int, global_positions):
     """
     if isinstance(one_sided, bool) or not isinstance(one_sided, int) or one_sided < 0:
         raise ValueError(f"one_sided must be an int >= 0; got {one_sided!r}")
-    g = torch.as_tensor(global_positions)
+    g = torch.as_tensor(global_positions, dtype=torch.long if len(global_positions) == 0 else None)
     if g.ndim != 1 or g.dtype.is_floating_point or (g < 0).any():
         raise ValueError(f"global_positions must be 1-D non-negative ints; got {global_positions!r}")
     g = g.long()
