@@ -19,14 +19,29 @@ from selfattn.attention import scaled_dot_product_attention
 from selfattn.efficient.tiled import tiled_attention
 from selfattn.masks import causal_mask, materialize_mask_mod
 from selfattn.open_models.local_global import (
-    GLOBAL, LOCAL, hybrid_kv_bytes, hybrid_kv_fraction, layer_types, longformer_mask_mod,
+    GLOBAL,
+    LOCAL,
+    hybrid_kv_bytes,
+    hybrid_kv_fraction,
+    layer_types,
+    longformer_mask_mod,
 )
 from selfattn.open_models.mla import (
-    DEEPSEEK_V3, MLAConfig, MultiHeadLatentAttention, absorption_break_even, cache_numbers_per_token,
-    mla_decode_absorbed, mla_flops,
+    DEEPSEEK_V3,
+    MLAConfig,
+    MultiHeadLatentAttention,
+    absorption_break_even,
+    cache_numbers_per_token,
+    mla_decode_absorbed,
+    mla_flops,
 )
 from selfattn.open_models.sparse import (
-    LightningIndexer, needle_case, selection_costs, sparse_attention, topk_keep, window_strided_keep,
+    LightningIndexer,
+    needle_case,
+    selection_costs,
+    sparse_attention,
+    topk_keep,
+    window_strided_keep,
 )
 
 

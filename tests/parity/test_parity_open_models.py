@@ -23,7 +23,12 @@ from transformers.models.gemma3.modeling_gemma3 import Gemma3Attention  # noqa: 
 
 from selfattn.open_models import mla as mla_mod  # noqa: E402
 from selfattn.open_models.local_global import (  # noqa: E402
-    GLOBAL, LOCAL, LocalGlobalAttention, LocalGlobalConfig, layer_keep_mask, layer_types,
+    GLOBAL,
+    LOCAL,
+    LocalGlobalAttention,
+    LocalGlobalConfig,
+    layer_keep_mask,
+    layer_types,
 )
 from selfattn.open_models.mla import MLAConfig, MultiHeadLatentAttention  # noqa: E402
 from selfattn.open_models.sparse import LightningIndexer, topk_keep  # noqa: E402

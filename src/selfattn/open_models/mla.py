@@ -273,7 +273,7 @@ def mla_decode_absorbed(mla: MultiHeadLatentAttention, x: torch.Tensor, cache: M
     require_tensor("x", x)
     if x.ndim != 3 or x.shape[1] != 1 or x.shape[2] != c.d_model or cache.latent.shape[0] != x.shape[0]:
         raise ValueError(f"x must be (B, 1, D={c.d_model}) with the cache's batch size; got {shape_of(x)}")
-    B, H, r, dn = x.shape[0], c.n_heads, c.kv_lora_rank, c.qk_nope_head_dim
+    H, r, dn = c.n_heads, c.kv_lora_rank, c.qk_nope_head_dim
     positions = torch.arange(cache.length, cache.length + 1)
     q_nope, q_rope = mla.queries(x, positions)  # (B, H, 1, dn), (B, H, 1, dr)
     latent, k_rope = mla.compress(x, positions)
