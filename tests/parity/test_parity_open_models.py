@@ -219,3 +219,39 @@ def test_local_global_attention_matches_gemma3_attention(layer_idx):
         plain.q_norm.weight.data -= 1
         plain.k_norm.weight.data -= 1
         assert _max(plain(x), out_hf) > MARGIN
+
+
+def test_longformer_band_with_global_tokens_through_the_tiled_kernel_matches_longformer_self_attention():
+    """transformers' LongformerSelfAttention (its chunked band, global rows and columns) against the
+    course's tiled kernel with :func:`longformer_mask_mod`. Longformer has separate projections for
+    global attention; they are set equal to the local ones, so the comparison is of the pattern alone.
+    Longformer's softmax runs in float32: tolerance 1e-6 (seen: about 3e-7)."""
+    from transformers import LongformerConfig
+    from transformers.models.longformer.modeling_longformer import LongformerSelfAttention
+
+    from selfattn.efficient.tiled import tiled_attention
+    from selfattn.open_models.local_global import longformer_mask_mod
+
+    H, Dh, w, n = 2, 8, 4, 32  # one-sided window w: Longformer's attention_window is 2w
+    cfg = LongformerConfig(hidden_size=H * Dh, num_attention_heads=H, attention_window=[2 * w], num_hidden_layers=1,
+                           attention_probs_dropout_prob=0.0)
+    attn = _randomise(LongformerSelfAttention(cfg, 0).double().eval(), 4)
+    with torch.no_grad():
+        for name in ("query", "key", "value"):
+            getattr(attn, name + "_global").load_state_dict(getattr(attn, name).state_dict())
+    x = torch.randn(1, n, H * Dh, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    global_positions = [0, 13]
+    marks = torch.zeros(1, n, dtype=torch.float64)
+    marks[0, global_positions] = 10000  # Longformer's convention: > 0 global, 0 local, < 0 padding
+    with torch.no_grad():
+        out_hf = attn(x, attention_mask=marks, is_index_masked=marks < 0, is_index_global_attn=marks > 0,
+                      is_global_attn=True)[0]
+        q, k, v = (getattr(attn, name)(x).view(1, n, H, Dh).transpose(1, 2) for name in ("query", "key", "value"))
+
+        def ours(one_sided, globals_):
+            out = tiled_attention(q, k, v, mask_mod=longformer_mask_mod(one_sided, globals_), block_q=8, block_k=8)
+            return out.transpose(1, 2).reshape(1, n, H * Dh)
+
+        assert _max(ours(w, global_positions), out_hf) < TOL
+        assert _max(ours(w - 1, global_positions), out_hf) > MARGIN  # the band one narrower on each side
+        assert _max(ours(w, []), out_hf) > MARGIN  # the global tokens left out
