@@ -28,6 +28,7 @@ chapter                                     modules
                                            ``efficient.kv_cache`` (the KV cache)
 11 inference                                ``inference`` (``costs``, ``paged``, ``split_kv``, ``streaming``,
                                            ``convert``, ``decode_timing``), ``gqa``, ``sampling``
+11b attention in today's open models        ``open_models`` (``mla``, ``sparse``, ``local_global``)
 12 attention across devices                 ``distributed`` (``ring``, ``ulysses``, ``layout``, ``launch``)
 13 attention explanations                   ``interpret``
 14 capstone GPT                             ``models.gpt`` (trained), ``checkpoint``,
