@@ -24,6 +24,7 @@ chapter                                     modules
 10 FlashAttention                           ``efficient.tiled``, ``efficient.triton_kernel``, ``ref.online``
 11 inference                                ``inference`` (``costs``, ``paged``, ``split_kv``, ``streaming``,
                                            ``convert``, ``decode_timing``), ``gqa``, ``sampling``
+11c sinks and quantized caches             ``sinks``, ``experiments.sinks``, ``inference.quant_cache``
 12 attention across devices                 ``distributed`` (``ring``, ``ulysses``, ``layout``, ``launch``)
 13 attention explanations                   ``interpret``
 14 capstone GPT                             ``models.gpt``, ``efficient.kv_cache``, ``checkpoint``,
