@@ -2,7 +2,7 @@
 
 A softmax row must sum to one, so a head that has nothing to read must still put its weight
 somewhere. Trained models park it on the first token (the "attention sink" of Xiao et al. 2023,
-StreamingLLM, section 3.1). gpt-oss (OpenAI 2025, model card section 2.1) gives each head a learned
+StreamingLLM, section 3.1). gpt-oss (OpenAI 2025, model card, its attention section) gives each head a learned
 logit ``s_h`` that joins the row's scores in the denominator and has no value:
 
     weights[i, j] = exp(scores[i, j]) / (exp(s_h) + sum_j' exp(scores[i, j']))
@@ -70,7 +70,7 @@ def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink_logit
         TypeError / ValueError: everything :func:`~selfattn.attention.scaled_dot_product_attention`
         refuses; q not of rank 4; ``sink_logits`` not a finite (H,) float tensor.
 
-    Source: OpenAI 2025, gpt-oss model card, section 2.1 (learned attention sinks);
+    Source: OpenAI 2025, gpt-oss model card (learned attention sinks);
     ``transformers``' ``GptOssAttention`` (tested equal); chapter 11c.
     """
     require_tensor("q", q)
@@ -142,7 +142,7 @@ class SinkAttention(nn.Module):
     ``W_O`` (H*Dh, D), biases ``b_Q``, ``b_K``, ``b_V``, ``b_O``; ``sinks`` (H,). Input (B, T, D) at
     positions ``start .. start + T - 1``; causal, and banded when ``config.sliding_window`` is set.
 
-    Source: OpenAI 2025, gpt-oss model card, section 2.1; ``transformers``' ``GptOssAttention``.
+    Source: OpenAI 2025, gpt-oss model card; ``transformers``' ``GptOssAttention``.
     """
 
     def __init__(self, config: SinkAttentionConfig, generator: torch.Generator | None = None):

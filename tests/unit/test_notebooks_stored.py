@@ -68,7 +68,7 @@ def test_anatomy(path):
     text = _markdown(nb)
     assert "Learning goals" in text or "learning goals" in text
     assert "Verified facts" in text
-    exercises = re.findall(r"\*\*Exercise \d+\.\d+", text)
+    exercises = re.findall(r"\*\*Exercise \d+[a-z]?\.\d+", text)
     assert len(exercises) >= 2, f"{path.name} has {len(exercises)} exercises"
     # A solution is hidden whole (input and its feedback: tag hide-cell), behind the toggle the
     # prose names, with a hint (a closed HTML <details>, see HINT_OPENING) just before it.

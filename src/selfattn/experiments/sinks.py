@@ -1,8 +1,8 @@
 """A sink grown by training: a small GPT with a fixed first token, and the window caches that keep or evict it.
 
 Chapter 11 measured StreamingLLM's window cache on chapter 08's RoPE model and found no sink to lose:
-that model is trained on windows cut anywhere in the text, so no position is the same in every
-window. Xiao et al. 2023 (StreamingLLM, sections 3.1 and 3.3) explain sinks by the softmax: a head
+that model is trained on windows cut anywhere in the text, so no token stands at the same place in
+every window. Xiao et al. 2023 (StreamingLLM, sections 3.1 and 3.3) explain sinks by the softmax: a head
 with nothing to read must still put its weight somewhere, and a token that every sequence starts
 with is the place a model learns to put it. :func:`train_with_bos` trains chapter 14's
 :class:`~selfattn.models.gpt.GPT` on windows that all begin with one fixed token (``BOS``, an extra

@@ -8,7 +8,7 @@ scale (and offset) in 16 bits. Which numbers share a group decides the error: a 
 large-magnitude entry spends its whole range on it and rounds the others coarsely.
 
 Keys have *outlier channels*: a few of the Dh features are large in every token (Liu et al. 2024,
-KIVI, section 3.1 and figure 2, on Llama, Falcon and Mistral). Grouping a key's numbers per token
+KIVI, section 3.1 and figure 2, on Llama-2). Grouping a key's numbers per token
 puts each outlier channel in every group; grouping them *per channel* (one channel over G tokens)
 keeps the outlier in its own group. Values show no such channels, and the attention output is a
 weighted sum of value rows, so an error per token matters there; KIVI quantizes values per token.
