@@ -29,6 +29,7 @@ chapter                                     modules
 11 inference                                ``inference`` (``costs``, ``paged``, ``split_kv``, ``streaming``,
                                            ``convert``, ``decode_timing``), ``gqa``, ``sampling``
 11b attention in today's open models        ``open_models`` (``mla``, ``sparse``, ``local_global``)
+11c sinks and quantized caches              ``sinks``, ``experiments.sinks``, ``inference.quant_cache``
 12 attention across devices                 ``distributed`` (``ring``, ``ulysses``, ``layout``, ``launch``)
 13 attention explanations                   ``interpret``
 14 capstone GPT                             ``models.gpt`` (trained), ``checkpoint``,
