@@ -34,6 +34,8 @@ chapter                                     modules
 13 attention explanations                   ``interpret``
 14 capstone GPT                             ``models.gpt`` (trained), ``checkpoint``,
                                            ``experiments.induction``, ``live`` (the model in the page)
+15 from attention to causes                 ``hooks``, ``circuits``, ``experiments.induction``
+                                           (``final_norm=True``), ``viz.circuits``
 ==========================================  ==========================================================
 
 Every chapter also has ``viz.<topic>`` (figures and explorers) and ``exercises.chNN`` (the checks);

@@ -61,6 +61,7 @@ __all__ = [
     "DatasetMeans",
     "dataset_means",
     "mean_ablate_keys",
+    "zero_value_keys",
     "mean_ablate_heads",
     "ablate_tokens",
     "importance_correlations",
@@ -517,10 +518,41 @@ def mean_ablate_keys(
     _require_encoder(encoder)
     _check_ids(input_ids)
     _require_means(means, encoder)
+    return _replace_key_values(encoder, input_ids, reference, layer, means.values[layer], chunk)
+
+
+def zero_value_keys(
+    encoder: Encoder, input_ids: torch.Tensor, reference: torch.Tensor, layer: int, *, chunk: int = 64,
+) -> np.ndarray:
+    """Change of f when one key's value is set to zero for one head, the weights fixed: (H, T), signed.
+
+    The ablation between :func:`ablate_keys` and :func:`mean_ablate_keys`: like the second it leaves
+    every weight as it is (no renormalisation); like the first it takes what key j supplies to head
+    h away (``v_j^h`` becomes 0, so the edge moves nothing; the head's output bias stays). Against
+    :func:`mean_ablate_keys` it isolates the replacement value (zero against the mean); against
+    :func:`ablate_keys` it isolates the renormalisation of the row.
+
+    Raises:
+        TypeError / ValueError: not an Encoder; ``input_ids`` not (1, T); ``layer`` out of range.
+
+    Source: chapter 13.
+    """
+    _require_encoder(encoder)
+    _check_ids(input_ids)
+    L = len(encoder.blocks)
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < L:
+        raise ValueError(f"layer must be an int in [0, {L}); got {layer!r}")
+    cfg = encoder.config
+    zeros = torch.zeros(cfg.n_heads, cfg.d_model // cfg.n_heads, dtype=encoder.blocks[layer].attn.W_V.dtype)
+    return _replace_key_values(encoder, input_ids, reference, layer, zeros, chunk)
+
+
+def _replace_key_values(encoder, input_ids, reference, layer: int, fill: torch.Tensor, chunk: int) -> np.ndarray:
+    """f(head h reads ``fill[h]`` (H, Dh) in place of key j's value, weights unchanged) - f: (H, T)."""
     attn = encoder.blocks[layer].attn
     H, Dh, T = attn.config.n_heads, attn.config.d_head, input_ids.shape[1]
     W_O = attn.W_O.reshape(H, Dh, -1)  # (D, D) -> (H, Dh, D)
-    mean_v = means.values[layer]  # (H, Dh)
+    mean_v = fill  # (H, Dh)
 
     def patch(out, weights, x, rows):
         n = torch.as_tensor(list(rows))

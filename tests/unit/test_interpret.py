@@ -309,6 +309,34 @@ def test_mean_ablate_keys_equals_an_explicit_rebuild(setup, means):
         assert abs(got[h, j] - want) < 2e-5, (h, j, got[h, j], want)
 
 
+def test_zero_value_keys_equals_an_explicit_rebuild_and_isolates_the_replacement_value(setup, means):
+    """Value zero, weights fixed: an explicit rebuild with v_j^h = 0; it differs from blocking the key
+    (which renormalises the row) and from the mean value (which supplies another vector)."""
+    minilm, encoder, batch, reference = setup
+    m, _ = means
+    ids = batch.input_ids
+    base = _f_with_attention_output(encoder, ids, reference, 2, _explicit_attention)
+    got = interpret.zero_value_keys(encoder, ids, reference, 2)
+    assert got.shape == (12, ids.shape[1]) and np.isfinite(got).all()
+    for h, j in ((0, 0), (4, 3), (11, ids.shape[1] - 1)):
+        def value_of(head, V, h=h, j=j):
+            if head != h:
+                return V
+            V = V.clone()
+            V[j] = 0.0  # key j supplies nothing to head h; its weight is unchanged
+            return V
+
+        want = _f_with_attention_output(encoder, ids, reference, 2,
+                                        lambda x, attn, v=value_of: _explicit_attention(x, attn, v)) - base
+        assert abs(got[h, j] - want) < 2e-5, (h, j, got[h, j], want)
+    blocked = interpret.ablate_keys(encoder, ids, reference, 2)
+    mean_value = interpret.mean_ablate_keys(encoder, ids, reference, 2, m)
+    # three different ablations: each pair differs by far more than the rebuild's tolerance somewhere
+    assert np.abs(got - blocked).max() > 1e-3 and np.abs(got - mean_value).max() > 1e-3
+    with pytest.raises(ValueError, match="layer"):
+        interpret.zero_value_keys(encoder, ids, reference, 6)
+
+
 def test_mean_ablate_heads_equals_an_explicit_rebuild_and_differs_from_zero_ablation(setup, means):
     minilm, encoder, batch, reference = setup
     m, _ = means

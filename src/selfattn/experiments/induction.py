@@ -73,6 +73,8 @@ class InductionConfig:
         init_std: standard deviation of the token embedding's initial entries.
         rope_layers: how many of the first layers rotate their queries and keys with RoPE (the
             only source of positions; default: every layer).
+        final_norm: put a layer norm ``ln_f`` before the read-out (chapter 15's model, whose
+            logits are split through that norm); default False (chapter 14's model).
 
     Raises:
         ValueError / TypeError: sizes that are not positive ints, ``span < 2``, ``2 * span > seq_len``,
@@ -90,8 +92,11 @@ class InductionConfig:
     lr: float = 5e-3
     init_std: float = 1.0
     rope_layers: int = 2
+    final_norm: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.final_norm, bool):
+            raise TypeError(f"final_norm must be a bool; got {self.final_norm!r}")
         for name in ("vocab_size", "seq_len", "span", "d_model", "n_heads", "n_layers", "steps", "batch_size"):
             require_positive_int(name, getattr(self, name))
         if self.vocab_size < 2:
@@ -199,6 +204,8 @@ class AttentionOnly(nn.Module):
             MultiHeadAttention(MHAConfig(config.d_model, config.n_heads)) for _ in range(config.n_layers)
         )
         self.unembed = nn.Linear(config.d_model, config.vocab_size)
+        # chapter 15's variant reads the stream through a final layer norm; chapter 14's reads it as is
+        self.ln_f = nn.LayerNorm(config.d_model) if config.final_norm else nn.Identity()
         self.rope = make_positions("rope", max_positions=config.seq_len, d_model=config.d_model,
                                    n_heads=config.n_heads)
         with torch.no_grad():  # unit-variance entries: with no layer norm, this sets the scale the scores start at
@@ -234,6 +241,11 @@ class AttentionOnly(nn.Module):
         attn = self.layers[layer]
         return merge_heads(contexts) @ attn.W_O + attn.b_O  # (B, T, D) @ (D, D) -> (B, T, D)
 
+    def readout(self, x: torch.Tensor) -> torch.Tensor:
+        """The residual stream (B, T, D) -> logits (B, T, V): ``unembed(ln_f(x))`` (``ln_f`` the identity
+        unless ``config.final_norm``)."""
+        return self.unembed(self.ln_f(x))
+
     def forward(self, ids: torch.Tensor, *, return_weights: bool = False):
         x = self.embed(ids)
         weights = []
@@ -241,7 +253,7 @@ class AttentionOnly(nn.Module):
             contexts, w = self.head_contexts(layer, x)
             x = x + self.write(layer, contexts)  # (B, T, D)
             weights.append(w)
-        logits = self.unembed(x)  # (B, T, D) -> (B, T, V)
+        logits = self.readout(x)  # (B, T, D) -> (B, T, V)
         return (logits, tuple(weights)) if return_weights else logits
 
 
@@ -391,7 +403,7 @@ def run_ablated(
             patched = patched + out
         clean = clean + out
         weights.append(w)
-    return model.unembed(patched if side is None else clean), tuple(weights)
+    return model.readout(patched if side is None else clean), tuple(weights)
 
 
 @torch.no_grad()
