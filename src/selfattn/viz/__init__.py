@@ -32,7 +32,8 @@ import plotly.io as pio
 from plotly.io.base_renderers import MimetypeRenderer
 
 __all__ = ["RENDERER_NAME", "use_book_renderer", "describe", "figure_description", "COLORSCALE", "DIVERGING",
-           "plotlyjs_for_classic_notebook", "enable_colab_widgets", "add_marked_vline", "with_lab_notes"]
+           "plotlyjs_for_classic_notebook", "enable_colab_widgets", "add_marked_vline", "with_lab_notes",
+           "views_figure"]
 
 RENDERER_NAME = "selfattn"
 
@@ -66,6 +67,60 @@ def with_lab_notes(main: str, notes: str) -> str:
         return main
     return (f"{main}\n\n<details class=\"selfattn-labnotes\">\n<summary>Lab notes</summary>\n\n"
             f"{notes.strip()}\n\n</details>\n")
+
+
+def views_figure(views, *, label: str = "view") -> go.Figure:
+    """Several figures in one, with a row of buttons to switch between them (works with no kernel).
+
+    Each view keeps its traces, title, axis titles and axis types; the first view shows first. The
+    figures should share their axes' kind (all heatmaps over the same grid, or all bar charts).
+
+    Args:
+        views: ``{button label: figure}``, at least two, each with at least one trace.
+        label: what the buttons choose, for the keyboard controls' name (e.g. ``"seed"``).
+
+    Raises:
+        ValueError: fewer than two views, or a view without traces.
+        TypeError: a view that is not a ``plotly.graph_objects.Figure``.
+
+    Source: the course's explorers (chapter 09's ``scaling_figure`` is one such figure).
+    """
+    views = dict(views)
+    if len(views) < 2:
+        raise ValueError(f"views must hold at least two figures; got {len(views)}")
+    for name, fig in views.items():
+        if not isinstance(fig, go.Figure):
+            raise TypeError(f"views[{name!r}] must be a plotly Figure; got {type(fig).__name__}")
+        if not fig.data:
+            raise ValueError(f"views[{name!r}] has no traces")
+    first = next(iter(views.values()))
+    out = go.Figure(layout=first.layout)
+    counts = []
+    for j, fig in enumerate(views.values()):
+        for trace in fig.data:
+            trace = go.Figure(data=[trace]).data[0]
+            trace.visible = j == 0
+            out.add_trace(trace)
+        counts.append(len(fig.data))
+    buttons, start = [], 0
+    for j, (name, fig) in enumerate(views.items()):
+        visible = [False] * sum(counts)
+        visible[start:start + counts[j]] = [True] * counts[j]
+        start += counts[j]
+        relayout = {"title": fig.layout.title.to_plotly_json() if fig.layout.title else {},
+                    "xaxis.title": fig.layout.xaxis.title.to_plotly_json(), "yaxis.title": fig.layout.yaxis.title.to_plotly_json(),
+                    "xaxis.type": fig.layout.xaxis.type, "yaxis.type": fig.layout.yaxis.type,
+                    "shapes": [sh.to_plotly_json() for sh in fig.layout.shapes],
+                    "annotations": [a.to_plotly_json() for a in fig.layout.annotations]}
+        buttons.append({"label": str(name), "method": "update", "args": [{"visible": visible}, relayout]})
+    top = (first.layout.margin.t or 80) + 40
+    out.update_layout(updatemenus=[{"type": "buttons", "direction": "right", "buttons": buttons, "x": 0.0, "y": 1.0,
+                                    "yanchor": "bottom", "xanchor": "left", "pad": {"b": 8}, "showactive": True,
+                                    "name": label}],
+                      margin={"t": top})
+    descriptions = [figure_description(fig) for fig in views.values()]
+    return describe(out, f"Buttons ({label}: {', '.join(map(str, views))}) switch between views. "
+                         + " ".join(d for d in descriptions if d))
 
 
 def describe(fig: go.Figure, description: str) -> go.Figure:
