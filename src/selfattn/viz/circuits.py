@@ -124,7 +124,7 @@ def circuit_figure(matrix, title: str = "", axis: str = "token") -> go.Figure:
                                hovertemplate="row %{y}, column %{x}: %{z}<extra></extra>"))
     fig.update_yaxes(autorange="reversed", title_text=f"{axis} (row)")
     fig.update_xaxes(title_text=f"{axis} (column)")
-    fig.update_layout(title=title or "Circuit", template="plotly_white", height=420, width=480)
+    fig.update_layout(title=title or "Circuit", template="plotly_white", height=420)
     diag, off = float(np.diag(a).mean()), float(a[~np.eye(len(a), dtype=bool)].mean())
     return describe(fig, f"Heatmap of a {len(a)} x {len(a)} circuit; mean diagonal entry {diag:.2f}, mean "
                          f"off-diagonal entry {off:.2f}.")
