@@ -584,3 +584,47 @@ def test_kv_cache_table_context_lengths_must_be_a_sequence(bad):
 def test_kv_cache_table_names_the_bad_context_length():
     with pytest.raises(ValueError, match=r"context_lengths\[1\] must be > 0; got 0"):
         kv_cache_table(context_lengths=(1024, 0))
+
+
+# DeepSeek-V3's latent cache (MLA) in chapter 11's table, against chapter 11b's own count.
+
+
+def test_deepseek_v3_latent_cache_bytes_by_hand_and_against_the_mla_module():
+    from selfattn.inference.costs import LATENT_SPECS
+    from selfattn.open_models import mla
+
+    spec = LATENT_SPECS["DeepSeek-V3"]
+    # by hand: 61 layers x (latent 512 + RoPE key 64) numbers x 2 bytes (bfloat16)
+    assert spec.cache_bytes_per_token(2) == 61 * 576 * 2 == 70272
+    # multi-head equivalent: 128 heads x (key 192 + value 128) per layer, as chapter 11b counts it
+    assert spec.cache_bytes_per_token(2, mha=True) == 61 * 128 * 320 * 2 == 4997120
+    # chapter 11b's module, an independent count of the same two numbers
+    assert spec.cache_bytes_per_token(1) == spec.n_layers * mla.cache_numbers_per_token(mla.DEEPSEEK_V3)
+    assert spec.cache_bytes_per_token(1, mha=True) == spec.n_layers * mla.cache_numbers_per_token(mla.DEEPSEEK_V3, "mha")
+    (row,) = kv_cache_table([spec], [131072])
+    assert row.bytes_per_token == 70272 and row.latent_cache == 576
+    assert row.saving == pytest.approx(40960 / 576, rel=1e-12)
+    assert row.gib[0] == pytest.approx(131072 * 70272 / 2**30, rel=1e-12)  # 8.58 GiB at 128k tokens
+    assert kv_cache_bytes(spec, 1000, batch=3) == 3 * 1000 * 70272
+    assert row.as_dict()["latent"] == 576
+    # a per-head spec is unchanged by the new fields
+    llama = kv_cache_table([PUBLISHED_SPECS["Llama 3.1 8B"]], [1024])[0]
+    assert llama.bytes_per_token == 131072 and llama.latent_cache is None
+
+
+def test_a_latent_spec_is_refused_by_the_per_head_cost_model_and_checked_on_construction():
+    from selfattn.inference.costs import LATENT_SPECS, ModelSpec
+
+    spec = LATENT_SPECS["DeepSeek-V3"]
+    for fn in (lambda: decode_step_cost(spec, 1024), lambda: prefill_cost(spec, 1024),
+               lambda: weight_params_per_layer(spec)):
+        with pytest.raises(ValueError, match="latent_cache=576"):
+            fn()
+    with pytest.raises(ValueError, match="n_kv_heads must equal n_heads"):
+        ModelSpec("x", 2, 8, 2, 64, 8, 10, "test", latent_cache=16)
+    with pytest.raises(ValueError, match="latent_cache"):
+        ModelSpec("x", 2, 8, 8, 64, 8, 10, "test", latent_cache=0)
+    with pytest.raises(TypeError, match="kv_head_width"):
+        ModelSpec("x", 2, 8, 8, 64, 8, 10, "test", kv_head_width=2.5)
+    with pytest.raises(ValueError, match="whole bytes"):
+        ModelSpec("x", 1, 1, 1, 8, 8, 10, "test", latent_cache=3).cache_bytes_per_token(0.5)

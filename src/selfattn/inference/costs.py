@@ -40,6 +40,7 @@ from ..gqa import _as_python_number, kv_cache_bytes_per_token
 __all__ = [
     "ModelSpec",
     "PUBLISHED_SPECS",
+    "LATENT_SPECS",
     "kv_cache_bytes",
     "KVCacheRow",
     "kv_cache_table",
@@ -105,14 +106,28 @@ class ModelSpec:
         sliding_window: None for full attention; else each position attends to at most this many
             positions (its own included), so the cache holds at most ``sliding_window`` tokens per
             layer and sequence (Mistral 7B's rolling buffer). At most ``max_context`` when both are set.
+        latent_cache: None when each layer caches a key and a value per key/value head (2 x
+            n_kv_heads x d_head numbers per token and layer); else the numbers a layer caches per
+            token instead, a positive int: multi-head latent attention (MLA) keeps one latent of
+            width r and one shared RoPE key of width dr, r + dr (DeepSeek-V3: 512 + 64 = 576;
+            DeepSeek-V2, section 2.1; chapter 11b). A spec with a latent cache has n_kv_heads =
+            n_heads (its multi-head equivalent), and the step-cost functions of this module refuse
+            it (they count per-head keys and values; MLA's FLOPs are
+            :func:`selfattn.open_models.mla.mla_flops`).
+        kv_head_width: numbers one key/value head caches per token, a key and a value: None for
+            2 x d_head; else a positive int, for heads whose keys and values differ in width
+            (DeepSeek-V3: keys of 128 + 64 for RoPE, values of 128: 320, as chapter 11b counts its
+            multi-head equivalent).
 
     Raises:
         TypeError / ValueError: naming the argument, the value got and what was expected: sizes not
         positive ints, n_heads not divisible by n_kv_heads, ffn_matrices not 2 or 3, empty name or
         source, max_context or sliding_window neither None nor a positive int, a window longer than
-        max_context.
+        max_context, latent_cache or kv_head_width neither None nor a positive int, latent_cache set
+        with n_kv_heads != n_heads.
 
-    Source: chapter 11; the numbers of :data:`PUBLISHED_SPECS` from the papers and configs cited there.
+    Source: chapter 11; the numbers of :data:`PUBLISHED_SPECS` and :data:`LATENT_SPECS` from the papers
+    and configs cited there.
     """
 
     name: str
@@ -127,6 +142,8 @@ class ModelSpec:
     ffn_matrices: int = 2
     max_context: int | None = None
     sliding_window: int | None = None
+    latent_cache: int | None = None
+    kv_head_width: int | None = None
 
     def __post_init__(self):
         _require_name("name", self.name)
@@ -151,7 +168,7 @@ class ModelSpec:
                 f"ffn_matrices must be 2 (W_2 act(W_1 x)) or 3 (a gated unit such as SwiGLU); got {self.ffn_matrices!r}"
             )
         object.__setattr__(self, "ffn_matrices", int(self.ffn_matrices))
-        for arg in ("max_context", "sliding_window"):
+        for arg in ("max_context", "sliding_window", "latent_cache", "kv_head_width"):
             _require_none_or_positive_int(arg, getattr(self, arg))
             if getattr(self, arg) is not None:
                 object.__setattr__(self, arg, int(getattr(self, arg)))
@@ -160,6 +177,30 @@ class ModelSpec:
                 f"sliding_window={self.sliding_window} must be at most max_context={self.max_context} "
                 "(a window longer than any sequence the model sees is full attention)"
             )
+
+        if self.latent_cache is not None and self.n_kv_heads != self.n_heads:
+            raise ValueError(
+                f"a spec with latent_cache={self.latent_cache} caches no per-head keys and values: n_kv_heads "
+                f"must equal n_heads={self.n_heads} (its multi-head equivalent); got n_kv_heads={self.n_kv_heads}"
+            )
+
+    def cache_bytes_per_token(self, bytes_per_number: float = 2, *, mha: bool = False) -> int:
+        """Bytes the KV cache holds per cached token of one sequence, all layers: ``2 x n_layers x
+        n_kv_heads x d_head x bytes_per_number`` (``kv_head_width`` in place of ``2 x d_head`` when
+        set), or ``n_layers x latent_cache x bytes_per_number`` for a latent cache; with ``mha=True``
+        the multi-head equivalent, n_heads key/value heads. Raises as
+        :func:`selfattn.gqa.kv_cache_bytes_per_token`."""
+        heads = self.n_heads if mha else self.n_kv_heads
+        if self.latent_cache is None or mha:
+            if self.kv_head_width is None:
+                return kv_cache_bytes_per_token(self.n_layers, heads, self.d_head, bytes_per_number)
+            numbers, what = heads * self.kv_head_width, "n_kv_heads x kv_head_width"
+        else:
+            numbers, what = self.latent_cache, "latent_cache"
+        total = self.n_layers * numbers * _require_bytes_per_number(bytes_per_number)
+        if total != int(total):
+            raise ValueError(f"n_layers x {what} x bytes_per_number must be whole bytes; got {total}")
+        return int(total)
 
     @property
     def group_size(self) -> int:
@@ -227,6 +268,23 @@ PUBLISHED_SPECS: dict[str, ModelSpec] = {
 """The models of chapter 11's tables, by name. MiniLM is an encoder (it keeps no cache in use); its
 row shows the course's own model at the same scale as the others."""
 
+LATENT_SPECS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        # deepseek-ai/DeepSeek-V3 config.json: num_hidden_layers 61, num_attention_heads 128,
+        # hidden_size 7168, kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128,
+        # vocab_size 129280; trained on to 128k tokens (the report's section 4.3, YaRN). d_ff: the
+        # dense layers' intermediate_size (its mixture-of-experts layers are not modelled here).
+        ModelSpec("DeepSeek-V3", 61, 128, 128, 7168, 128, 129280,
+                  "DeepSeek-AI 2024 (DeepSeek-V3 Technical Report), sections 2.1 and 4.3; "
+                  "deepseek-ai/DeepSeek-V3 config.json", d_ff=18432, ffn_matrices=3, max_context=131072,
+                  latent_cache=512 + 64, kv_head_width=(128 + 64) + 128),
+    )
+}
+"""Models whose cache holds a latent per token and layer instead of per-head keys and values (MLA,
+chapter 11b), for chapter 11's KV table. Kept apart from :data:`PUBLISHED_SPECS`: the step-cost
+functions refuse them."""
+
 
 # --------------------------------------------------------------------------------------------------
 # KV cache size (claims 25, 26)
@@ -239,9 +297,21 @@ def _require_spec(spec) -> ModelSpec:
     return spec
 
 
+def _require_per_head_spec(spec) -> ModelSpec:
+    # the step-cost model counts per-head keys and values; MLA's latent cache is chapter 11b's
+    spec = _require_spec(spec)
+    if spec.latent_cache is not None:
+        raise ValueError(
+            f"spec {spec.name!r} has latent_cache={spec.latent_cache} (multi-head latent attention): this cost "
+            "model counts per-head keys and values; use selfattn.open_models.mla.mla_flops (chapter 11b)"
+        )
+    return spec
+
+
 def kv_cache_bytes(spec: ModelSpec, n_tokens: int, *, batch: int = 1, bytes_per_number: float = 2) -> int:
     """Bytes of the KV cache of ``batch`` sequences of ``n_tokens`` tokens each:
-    ``batch x cached x 2 x n_layers x n_kv_heads x d_head x bytes_per_number``, where ``cached =
+    ``batch x cached x 2 x n_layers x n_kv_heads x d_head x bytes_per_number`` (``n_layers x
+    latent_cache`` numbers per token for a latent cache, MLA), where ``cached =
     spec.cached_tokens(n_tokens)``: ``n_tokens``, or at most ``spec.sliding_window`` (a rolling buffer).
 
     ``bytes_per_number``: 2 for float16/bfloat16 (the default), 4 for float32, 1 for an 8-bit cache.
@@ -256,8 +326,7 @@ def kv_cache_bytes(spec: ModelSpec, n_tokens: int, *, batch: int = 1, bytes_per_
     spec = _require_spec(spec)
     cached = spec.cached_tokens(n_tokens)
     batch = require_positive_int("batch", batch)
-    per_token = kv_cache_bytes_per_token(spec.n_layers, spec.n_kv_heads, spec.d_head, bytes_per_number)
-    return batch * cached * per_token
+    return batch * cached * spec.cache_bytes_per_token(bytes_per_number)
 
 
 @dataclass(frozen=True)
@@ -265,10 +334,12 @@ class KVCacheRow:
     """One model's row of :func:`kv_cache_table`.
 
     Attributes:
-        name, n_layers, n_heads, n_kv_heads, d_head, max_context, sliding_window: from the spec.
+        name, n_layers, n_heads, n_kv_heads, d_head, max_context, sliding_window, latent_cache: from
+            the spec.
         bytes_per_token: KV-cache bytes per cached token (one sequence).
         mha_bytes_per_token: the same with n_kv_heads = n_heads (multi-head attention).
-        saving: mha_bytes_per_token / bytes_per_token = n_heads / n_kv_heads.
+        saving: mha_bytes_per_token / bytes_per_token = n_heads / n_kv_heads (for a latent cache,
+            n_heads x kv_head_width / latent_cache).
         context_lengths: the token counts of the columns.
         gib: cache size in GiB (2**30 bytes) at each context length, for ``batch`` sequences; None
             past the model's ``max_context`` (n/a); at most the size at ``sliding_window`` tokens.
@@ -294,6 +365,7 @@ class KVCacheRow:
     sliding_window: int | None = None
     gib_at_max: float | None = None
     batch: int = 1
+    latent_cache: int | None = None
 
     def gib_at(self, n_tokens: int, *, mha: bool = False) -> float | None:
         """GiB of the cache after ``n_tokens`` tokens (None past ``max_context``; capped at the window)."""
@@ -309,7 +381,7 @@ class KVCacheRow:
         out = {"model": self.name, "layers": self.n_layers, "heads": self.n_heads, "kv heads": self.n_kv_heads,
                "d_head": self.d_head, "max context": self.max_context, "window": self.sliding_window,
                "bytes/token": self.bytes_per_token, "MHA bytes/token": self.mha_bytes_per_token,
-               "GQA saving": self.saving}
+               "GQA saving": self.saving, "latent": self.latent_cache}
         for n, g, m in zip(self.context_lengths, self.gib, self.mha_gib, strict=True):
             label = f"{n // 1024}k" if n % 1024 == 0 else str(n)
             out[f"GiB @ {label}"] = g
@@ -327,7 +399,7 @@ def kv_cache_table(specs: Sequence[ModelSpec] | None = None, context_lengths: Se
     stop growing there (the multi-head equivalent likewise).
 
     Args:
-        specs: ModelSpecs (default: every entry of :data:`PUBLISHED_SPECS`).
+        specs: ModelSpecs (default: every entry of :data:`PUBLISHED_SPECS`; :data:`LATENT_SPECS` adds MLA).
         context_lengths: token counts (positive ints; default 1k, 8k and 128k tokens).
         batch: sequences held at once. bytes_per_number: 2 for bfloat16 (default).
 
@@ -354,8 +426,8 @@ def kv_cache_table(specs: Sequence[ModelSpec] | None = None, context_lengths: Se
     rows = []
     for spec in specs:
         spec = _require_spec(spec)
-        per_token = kv_cache_bytes_per_token(spec.n_layers, spec.n_kv_heads, spec.d_head, bytes_per_number)
-        mha = kv_cache_bytes_per_token(spec.n_layers, spec.n_heads, spec.d_head, bytes_per_number)
+        per_token = spec.cache_bytes_per_token(bytes_per_number)
+        mha = spec.cache_bytes_per_token(bytes_per_number, mha=True)
         fits = [spec.max_context is None or n <= spec.max_context for n in lengths]
         rows.append(KVCacheRow(
             spec.name, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_head, per_token, mha,
@@ -364,7 +436,7 @@ def kv_cache_table(specs: Sequence[ModelSpec] | None = None, context_lengths: Se
                   for n, ok in zip(lengths, fits, strict=True)),
             # the same cached-token count (window included) at n_heads key/value heads
             tuple(batch * spec.cached_tokens(n) * mha / GIB if ok else None for n, ok in zip(lengths, fits, strict=True)),
-            max_context=spec.max_context, sliding_window=spec.sliding_window,
+            max_context=spec.max_context, sliding_window=spec.sliding_window, latent_cache=spec.latent_cache,
             gib_at_max=(None if spec.max_context is None else
                         kv_cache_bytes(spec, spec.max_context, batch=batch, bytes_per_number=bytes_per_number) / GIB),
             batch=batch,
@@ -383,8 +455,11 @@ def weight_params_per_layer(spec: ModelSpec) -> int:
     Attention: W_Q (D, H Dh) and W_O (H Dh, D), W_K and W_V (D, Hkv Dh):
     ``2 D H Dh + 2 D Hkv Dh``. Feed-forward: ``ffn_matrices x D x F``. For GPT-2 (H Dh = D,
     Hkv = H, F = 4D, 2 matrices) this is the familiar ``12 D^2``.
+
+    Raises: TypeError for a non-ModelSpec; ValueError for a spec with a ``latent_cache`` (MLA's
+    projections are not these four).
     """
-    spec = _require_spec(spec)
+    spec = _require_per_head_spec(spec)
     D, F = spec.d_model, spec.d_ff
     attention = 2 * D * spec.n_heads * spec.d_head + 2 * D * spec.n_kv_heads * spec.d_head
     return attention + spec.ffn_matrices * D * F
@@ -465,13 +540,13 @@ def decode_step_cost(spec: ModelSpec, context_len: int, *, batch: int = 1, bytes
     the attention part alone, whatever the batch.
 
     Raises:
-        TypeError / ValueError: as :func:`kv_cache_bytes`; ``context_len`` not a positive int, or
+        TypeError / ValueError: as :func:`kv_cache_bytes`; a spec with a ``latent_cache`` (MLA); ``context_len`` not a positive int, or
         more than ``spec.max_context``.
 
     Source: Pope et al. 2023, section 2 (the same counts); Kaplan et al. 2020, Table 1 (2 N FLOPs per
     token); chapter 11.
     """
-    spec = _require_spec(spec)
+    spec = _require_per_head_spec(spec)
     S = spec.cached_tokens(require_positive_int("context_len", context_len))  # positions read
     B = require_positive_int("batch", batch)
     b = _require_bytes_per_number(bytes_per_number)
@@ -505,11 +580,12 @@ def prefill_cost(spec: ModelSpec, n_tokens: int, *, batch: int = 1, bytes_per_nu
     first W queries' triangle, W (W + 1) / 2, plus W for each of the other T - W).
 
     Raises:
-        TypeError / ValueError: as :func:`kv_cache_bytes` (``n_tokens`` more than ``spec.max_context``).
+        TypeError / ValueError: as :func:`kv_cache_bytes` (``n_tokens`` more than ``spec.max_context``); a
+        spec with a ``latent_cache`` (MLA).
 
     Source: Pope et al. 2023, section 2; Jiang et al. 2023 (the sliding window); chapter 11.
     """
-    spec = _require_spec(spec)
+    spec = _require_per_head_spec(spec)
     kept = spec.cached_tokens(n_tokens)  # refuses T > max_context; min(T, W)
     T = n_tokens
     B = require_positive_int("batch", batch)
