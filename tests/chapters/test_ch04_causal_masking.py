@@ -157,12 +157,11 @@ def test_claim_12_fill_values_and_replacement():
         np.testing.assert_allclose(weights.double().numpy(), ref_weights, atol=2e-2)
 
 
-def _packed_gpt(positions):
-    from selfattn.models.gpt import GPT, GPTConfig
-
+def _packed_lm():
+    """Chapter 04's TinyLM (learned positions), untrained, in float64: the model the chapter packs for."""
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=32, block_size=16, d_model=32, n_heads=4, n_layers=2, d_ff=64, positions=positions)
-    return GPT(config).double().eval()
+    config = TinyLMConfig(32, block_size=16, d_model=32, n_heads=4, n_layers=2, d_ff=64)
+    return TinyLM(config).double().eval()
 
 
 _DOCS = torch.tensor([0, 0, 0, 0, 1, 1, 1, 2, 2])  # three documents packed into one row
@@ -180,15 +179,14 @@ def test_claim_30_plain_causal_mask_leaks_across_documents():
     # the block-diagonal mask, from an explicit loop
     assert torch.equal(doc_mask[0, 0], torch.tensor([[j <= i and _DOCS[i] == _DOCS[j] for j in range(9)]
                                                      for i in range(9)]))
+    lm = _packed_lm()
     with torch.no_grad():
-        for scheme in ("learned", "rope"):
-            gpt = _packed_gpt(scheme)
-            plain = (gpt(packed) - gpt(other))[0, 4:7]  # document 2's logits
-            blocked = (gpt(packed, attention_mask=doc_mask, position_ids=positions)
-                       - gpt(other, attention_mask=doc_mask, position_ids=positions))[0, 4:7]
-            assert torch.isfinite(plain).all() and torch.isfinite(blocked).all()
-            assert plain.abs().amax(dim=-1).min() > 1e-2  # every token of document 2 reads document 1
-            assert blocked.abs().max() <= 1e-12  # none does under the block-diagonal mask
+        causal = selfattn.causal_mask(9)
+        plain = (lm(packed, causal) - lm(other, causal))[0, 4:7]  # document 2's logits
+        blocked = (lm(packed, doc_mask, positions) - lm(other, doc_mask, positions))[0, 4:7]
+    assert torch.isfinite(plain).all() and torch.isfinite(blocked).all()
+    assert plain.abs().amax(dim=-1).min() > 1e-2  # every token of document 2 reads document 1
+    assert blocked.abs().max() <= 1e-12  # none does under the block-diagonal mask
 
 
 def test_claim_30_block_diagonal_mask_and_restarted_positions_isolate_documents():
@@ -198,15 +196,15 @@ def test_claim_30_block_diagonal_mask_and_restarted_positions_isolate_documents(
     doc_mask = masks.document_causal_mask(_DOCS[None])
     restarted = masks.document_positions(_DOCS[None])
     assert restarted.tolist() == [[0, 1, 2, 3, 0, 1, 2, 0, 1]]
+    lm = _packed_lm()
     with torch.no_grad():
-        for scheme in ("learned", "rope"):
-            gpt = _packed_gpt(scheme)
-            out = gpt(packed, attention_mask=doc_mask, position_ids=restarted)
-            run_on = gpt(packed, attention_mask=doc_mask)  # positions 0 .. 8 across the row
-            for a, b in ((0, 4), (4, 7), (7, 9)):  # each document against itself run alone
-                alone = gpt(packed[:, a:b])
-                torch.testing.assert_close(out[:, a:b], alone, rtol=0, atol=1e-12)
-                if a > 0 and scheme == "learned":  # absolute positions: without the restart it changes
-                    assert (run_on[:, a:b] - alone).abs().max() > 1e-2
-                if scheme == "rope":  # RoPE sees only offsets: within one document the restart is free
-                    torch.testing.assert_close(run_on[:, a:b], alone, rtol=0, atol=1e-10)
+        out = lm(packed, doc_mask, restarted)
+        run_on = lm(packed, doc_mask)  # positions 0 .. 8 across the row
+        for a, b in ((0, 4), (4, 7), (7, 9)):  # each document against itself run alone
+            alone = lm(packed[:, a:b], selfattn.causal_mask(b - a))
+            assert torch.isfinite(out).all()
+            torch.testing.assert_close(out[:, a:b], alone, rtol=0, atol=1e-12)
+            if a > 0:  # absolute (learned) positions: without the restart it changes
+                assert (run_on[:, a:b] - alone).abs().max() > 1e-2
+            else:  # the first document is at positions 0.. either way
+                torch.testing.assert_close(run_on[:, a:b], alone, rtol=0, atol=1e-12)

@@ -162,3 +162,45 @@ def test_padding_mean_pooling_needs_the_mask(minilm):
         rtol=0,
         atol=1e-5,
     )
+
+
+def test_left_padding_with_position_offsets_generates_each_prompt_as_alone():
+    """Chapter 05's left-padding demonstration on chapter 04's TinyLM (learned positions), float64."""
+    from selfattn.models import TinyLM, TinyLMConfig
+
+    torch.manual_seed(0)
+    lm = TinyLM(TinyLMConfig(32, block_size=24, d_model=32, n_heads=4, n_layers=2, d_ff=64)).double().eval()
+    prompts = [[5, 17, 3, 9, 21, 4], [12, 7], [30, 2, 2, 8]]
+    T0, n_new = 6, 8
+    ids = torch.tensor([[0] * (T0 - len(p)) + p for p in prompts])  # padding first
+    real = torch.tensor([[0] * (T0 - len(p)) + [1] * len(p) for p in prompts])
+    n_pad = [T0 - len(p) for p in prompts]
+
+    def keep_and_positions(real):
+        T = real.shape[1]
+        keep = torch.tensor([[[j <= i and bool(r[j]) for j in range(T)] for i in range(T)] for r in real])[:, None]
+        offsets = torch.tensor(n_pad)[:, None]
+        return keep, (torch.arange(T)[None] - offsets).clamp(min=0)  # row b: column t at position t - n_pad[b]
+
+    with torch.no_grad():
+        batch, batch_real = ids, real
+        for _ in range(n_new):
+            nxt = lm(batch, *keep_and_positions(batch_real))[:, -1].argmax(-1, keepdim=True)
+            batch, batch_real = torch.cat([batch, nxt], 1), torch.cat([batch_real, torch.ones_like(nxt)], 1)
+        batch_logits = lm(batch, *keep_and_positions(batch_real))
+        assert torch.isfinite(batch_logits).all()
+        for b, p in enumerate(prompts):
+            alone = torch.tensor([p])
+            for _ in range(n_new):
+                nxt = lm(alone, selfattn.causal_mask(alone.shape[1]))[:, -1].argmax(-1, keepdim=True)
+                alone = torch.cat([alone, nxt], 1)
+            assert torch.equal(batch[b, n_pad[b]:], alone[0])
+            torch.testing.assert_close(batch_logits[b, n_pad[b]:], lm(alone, selfattn.causal_mask(alone.shape[1]))[0],
+                                       rtol=0, atol=1e-10)
+        # the two ways to get it wrong, for the prompt of length 2 padded by 4
+        alone_next = lm(torch.tensor([prompts[1]]), selfattn.causal_mask(2))[0, -1]
+        no_offsets = lm(ids, keep_and_positions(real)[0])[1, -1]  # masked, positions 0 .. T0-1
+        right = torch.tensor([p + [0] * (T0 - len(p)) for p in prompts])
+        right_last = lm(right, selfattn.causal_mask(T0))[1, -1]  # the last column is padding
+    assert (no_offsets - alone_next).abs().max() > 1e-2
+    assert (right_last - alone_next).abs().max() > 1e-2

@@ -126,6 +126,34 @@ def test_claim_23_rope_score_of_one_query_key_pair_depends_on_m_minus_n_only():
             assert abs(S[m, n] - expected) < 1e-12, (m, n)
 
 
+@pytest.mark.parametrize("scheme", ["learned", "sinusoidal", "rope"])
+def test_claim_23_a_rope_model_needs_no_position_restart_for_packed_or_left_padded_sequences(scheme):
+    """A packed document whose positions run on (chapter 04) and a left-padded prompt without offsets
+    (chapter 05) are the sequence alone shifted by a constant: RoPE's logits stay (1e-10, float64),
+    absolute positions' do not (more than 1e-2)."""
+    from selfattn import masks
+    from selfattn.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=32, block_size=16, d_model=32, n_heads=4, n_layers=2, d_ff=64, positions=scheme)
+    gpt = GPT(config).double().eval()
+    doc_ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 2, 2])
+    packed = torch.randint(0, 32, (1, 9), generator=torch.Generator().manual_seed(3))
+    left_ids = torch.tensor([[0, 0, 0, 0, 12, 7]])
+    left_real = torch.tensor([[0, 0, 0, 0, 1, 1]])
+    with torch.no_grad():
+        run_on = gpt(packed, attention_mask=masks.document_causal_mask(doc_ids[None]))[:, 4:7]
+        doc_alone = gpt(packed[:, 4:7])
+        no_offsets = gpt(left_ids, attention_mask=left_real)[:, 4:]
+        prompt_alone = gpt(left_ids[:, 4:])
+    gaps = [(run_on - doc_alone).abs().max().item(), (no_offsets - prompt_alone).abs().max().item()]
+    assert all(np.isfinite(gaps))
+    if scheme == "rope":
+        assert max(gaps) < 1e-10
+    else:
+        assert min(gaps) > 1e-2
+
+
 def test_claim_23_the_two_rope_layouts_differ_by_a_permutation_and_porting_without_it_breaks_scores():
     Dh = 16
     perm = pos.rope_interleaved_to_half(Dh)

@@ -209,33 +209,12 @@ def _notebooks() -> list[tuple[str, Path]]:
     return sorted(out, key=lambda cp: chapter_key(cp[0]))
 
 
-# Forward references not yet removed (issue 26 item 1, still open): (chapter, module taught later).
-# The test fails on any forward reference not listed here AND on a listed one that no longer occurs,
-# so this list can only shrink. Each entry names what must move:
-KNOWN_REMAINING = {
-    ("04", "models.gpt"),  # cell 38: the packing leak measured on a GPT (chapter 07 assembles it)
-    ("04", "efficient.tiled"),  # cell 46: mask_mod run by the tiled kernel (chapter 10)
-    ("05", "models.gpt"),  # cell 34: left padding in a GPT (chapter 07)
-    ("09", "efficient.tiled"),  # cell 21: the tiled loop's memory beside the naive one (chapter 10)
-}
-
-
-def _known(v: Violation) -> tuple[str, str] | None:
-    for chapter, module in KNOWN_REMAINING:
-        if v.chapter == chapter and (v.module == module or v.module.startswith(module + ".")):
-            return chapter, module
-    return None
-
-
 def test_no_chapter_uses_a_module_taught_later():
     table = parse_table(selfattn.__doc__)
     problems = []
     for chapter, path in _notebooks():
         problems += check_notebook(chapter, json.loads(path.read_text()), table)
-    new = [p for p in problems if _known(p) is None]
-    assert not new, "forward references in the course's code:\n" + "\n".join(map(str, new))
-    fixed = KNOWN_REMAINING - {_known(p) for p in problems}
-    assert not fixed, f"these forward references are gone: remove them from KNOWN_REMAINING: {sorted(fixed)}"
+    assert not problems, "forward references in the course's code:\n" + "\n".join(map(str, problems))
 
 
 # The checker itself, on synthetic notebooks (so the test above can fail).

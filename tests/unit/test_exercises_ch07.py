@@ -52,43 +52,6 @@ def test_layer_norm_not_attempted():
     assert not fb.ok and not fb.attempted
 
 
-def test_post_norm_block_accepts_the_solution():
-    def block(x, attn, ffn, ln1, ln2):
-        h = ln1(x + attn(x))
-        return ln2(h + ffn(h))
-
-    fb = ch07.check_post_norm_block(block)
-    assert fb.ok and fb.attempted
-
-
-def test_post_norm_block_catches_pre_norm_order():
-    def pre_norm(x, attn, ffn, ln1, ln2):
-        h = x + attn(ln1(x))
-        return h + ffn(ln2(h))
-
-    fb = ch07.check_post_norm_block(pre_norm)
-    assert not fb.ok and "pre-norm" in fb.message
-
-
-def test_post_norm_block_catches_missing_residuals():
-    fb = ch07.check_post_norm_block(lambda x, attn, ffn, ln1, ln2: ln2(ffn(ln1(attn(x)))))
-    assert not fb.ok and "residual connections are missing" in fb.message
-
-
-def test_post_norm_block_catches_normalising_the_branch_then_adding():
-    def norm_then_add(x, attn, ffn, ln1, ln2):
-        h = x + ln1(attn(x))
-        return h + ln2(ffn(h))
-
-    fb = ch07.check_post_norm_block(norm_then_add)
-    assert not fb.ok and "normalised the branch output" in fb.message
-
-
-def test_post_norm_block_catches_a_missing_ffn():
-    fb = ch07.check_post_norm_block(lambda x, attn, ffn, ln1, ln2: ln1(x + attn(x)))
-    assert not fb.ok and "feed-forward sublayer" in fb.message
-
-
 def test_layer_norm_accepts_a_float32_answer():
     # regression: a tolerance of 1e-9 rejected a right answer computed in float32 ("largest error 3.2e-07")
     fb = ch07.check_layer_norm(
@@ -102,38 +65,6 @@ def test_layer_norm_catches_a_missing_beta_or_gamma():
     assert not fb.ok and "did not add the shift beta" in fb.message, fb.message
     fb = ch07.check_layer_norm(lambda x, g, b, eps: _layer_norm(x, torch.ones_like(g), b, eps))
     assert not fb.ok and "did not multiply by the scale gamma" in fb.message, fb.message
-
-
-def test_post_norm_block_names_three_more_slips():
-    cases = [
-        (
-            lambda x, attn, ffn, ln1, ln2: ln2(ffn(ln1(x + attn(x)))),
-            "second residual connection is missing",
-        ),
-        (
-            lambda x, attn, ffn, ln1, ln2: ln2(ln1(x + attn(x)) + ffn(x)),
-            "feed-forward sublayer read x",
-        ),
-        (
-            lambda x, attn, ffn, ln1, ln2: (lambda h: ln1(h + ffn(h)))(ln2(x + attn(x))),
-            "ln1 and ln2 are swapped",
-        ),
-    ]
-    for wrong, words in cases:
-        fb = ch07.check_post_norm_block(wrong)
-        assert not fb.ok and words in fb.message, fb.message
-
-
-def test_post_norm_block_accepts_a_float32_answer():
-    def in_float32(x, attn, ffn, ln1, ln2):
-        h = ln1(x + attn(x)).float()
-        return ln2((h + ffn(h.double()).float()).double())
-
-    fb = ch07.check_post_norm_block(in_float32)
-    assert fb.ok, fb.message
-
-
-# 7.3 pre-norm block from its parts
 
 
 def _ln(v, g, b, eps, correction=0):
@@ -204,7 +135,7 @@ def test_pre_norm_block_shape_nan_stub_and_crash():
     assert not fb and "wrong values" in fb.message
 
 
-# 7.4 RMSNorm
+# 7.3 RMSNorm
 
 
 def _rms(x, g, eps, *, dim=-1, mean=True, eps_inside=True, centre=False, gain=True, root=True):
@@ -244,3 +175,89 @@ def test_rms_norm_shape_nan_stub():
     assert not fb and "shape" in fb.message
     fb = ch07.check_rms_norm(lambda x, g, eps: x / 0.0)
     assert not fb and "NaN or inf" in fb.message
+
+
+# 7.4 QK-norm attention weights
+
+
+def _qk(q, k, g_q, g_k, eps, *, dim=-1, norm_q=True, norm_k=True, gains=True, centre=False, eps_inside=True,
+        scale=None, softmax_dim=-1):
+    def norm(x, g):
+        if centre:
+            x = x - x.mean(dim=dim, keepdim=True)
+        ms = x.pow(2).mean(dim=dim, keepdim=True)
+        x = x / (torch.sqrt(ms + eps) if eps_inside else torch.sqrt(ms) + eps)
+        return g * x if gains else x
+
+    qn = norm(q, g_q) if norm_q else q
+    kn = norm(k, g_k) if norm_k else k
+    scale = q.shape[-1] ** 0.5 if scale is None else scale
+    return torch.softmax(qn @ kn.transpose(-1, -2) / scale, dim=softmax_dim)  # (B, H, T, S)
+
+
+def test_qk_norm_weights_accepts_the_solution_the_package_and_float32():
+    fb = ch07.check_qk_norm_weights(_qk)
+    assert fb and fb.attempted and "QKNormAttention" in fb.message, fb.message
+
+    def with_torch_rmsnorm(q, k, g_q, g_k, eps):
+        F = torch.nn.functional
+        qn = F.rms_norm(q, (q.shape[-1],), g_q, eps)
+        kn = F.rms_norm(k, (k.shape[-1],), g_k, eps)
+        return torch.softmax(qn @ kn.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)
+
+    assert ch07.check_qk_norm_weights(with_torch_rmsnorm)
+    # the score is a sum over i of g_q[i] g_k[i] q_hat[i] k_hat[i]: the gains swapped give the same weights
+    assert ch07.check_qk_norm_weights(lambda q, k, g_q, g_k, eps: _qk(q, k, g_k, g_q, eps))
+    fb = ch07.check_qk_norm_weights(lambda q, k, g_q, g_k, eps: _qk(q.float(), k.float(), g_q.float(), g_k.float(), eps))
+    assert fb, fb.message
+
+
+def test_qk_norm_weights_agree_with_the_package_module():
+    # the checker's expected weights are those of selfattn.modern.QKNormAttention's normalisation
+    from selfattn import modern
+
+    q, k, g_q, g_k = (torch.from_numpy(a) for a in ch07._qk_inputs())
+    q_norm, k_norm = modern.RMSNorm(8, 0.1).double(), modern.RMSNorm(8, 0.1).double()
+    with torch.no_grad():
+        q_norm.weight.copy_(g_q)
+        k_norm.weight.copy_(g_k)
+        package = torch.softmax(q_norm(q) @ k_norm(k).transpose(-1, -2) / 8**0.5, dim=-1)
+    torch.testing.assert_close(package, _qk(q, k, g_q, g_k, 0.1), rtol=0, atol=1e-12)
+
+
+def test_qk_norm_weights_names_each_mistake():
+    cases = [
+        ({"softmax_dim": -2}, "softmax over the queries"),
+        ({"dim": -2}, "normalised over the positions"),
+        ({"dim": (1, 3)}, "over all heads' features together"),
+        ({"norm_k": False}, "Only the queries are normalised"),
+        ({"norm_q": False}, "Only the keys are normalised"),
+        ({"gains": False}, "gains are missing"),
+        ({"centre": True}, "that is layer norm"),
+        ({"eps_inside": False}, "eps is in the wrong place"),
+        ({"scale": 1.0}, "scores are not scaled"),
+        ({"scale": (3 * 8) ** 0.5}, "sqrt(H * d_head)"),
+    ]
+    for kwargs, words in cases:
+        fb = ch07.check_qk_norm_weights(lambda q, k, g_q, g_k, eps, kwargs=kwargs: _qk(q, k, g_q, g_k, eps, **kwargs))
+        assert not fb and fb.attempted and words in fb.message, (kwargs, fb.message)
+
+
+def test_qk_norm_weights_shape_nan_stub_crash_and_other_values():
+    def stub(q, k, g_q, g_k, eps):
+        raise NotImplementedError
+
+    fb = ch07.check_qk_norm_weights(stub)
+    assert not fb and not fb.attempted
+    fb = ch07.check_qk_norm_weights(lambda q, k, g_q, g_k, eps: _qk(q, k, g_q, g_k, eps)[0])
+    assert not fb and "should have shape (2, 3, 4, 5); got (3, 4, 5)" in fb.message, fb.message
+    fb = ch07.check_qk_norm_weights(lambda q, k, g_q, g_k, eps: _qk(q, k, g_q, g_k, eps).transpose(-1, -2))
+    assert not fb and "shape" in fb.message
+    fb = ch07.check_qk_norm_weights(lambda q, k, g_q, g_k, eps: _qk(q, k, g_q, g_k, eps) / 0.0)
+    assert not fb and "NaN or inf" in fb.message
+    fb = ch07.check_qk_norm_weights(lambda q, k, g_q, g_k, eps: q @ k)
+    assert not fb and "raised RuntimeError" in fb.message
+    fb = ch07.check_qk_norm_weights(lambda q, k, g_q, g_k, eps: "weights")
+    assert not fb and "should be an array or tensor; got str" in fb.message, fb.message
+    fb = ch07.check_qk_norm_weights(lambda q, k, g_q, g_k, eps: torch.full((2, 3, 4, 5), 0.2, dtype=torch.float64))
+    assert not fb and "wrong values" in fb.message

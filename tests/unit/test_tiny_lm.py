@@ -109,3 +109,53 @@ def test_no_position_names_input_ids_with_its_shape():
     # Regression: T = 0 raised an error naming x_q (the attention layer's argument), not input_ids.
     with pytest.raises(ValueError, match=r"input_ids must hold at least one token \(T > 0\); got shape \(2, 0\)"):
         _model()(torch.zeros(2, 0, dtype=torch.long))
+
+
+# position_ids (chapters 04 and 05: packed documents restart at 0, left-padded prompts start at their first token)
+
+
+def test_position_ids_read_the_given_rows_of_the_position_table():
+    model = _model(n_layers=2).double()
+    ids = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(2))
+    mask = causal_mask(5)
+    with torch.no_grad():
+        default = model(ids, mask)
+        assert torch.equal(model(ids, mask, position_ids=torch.arange(5)), default)
+        assert torch.equal(model(ids, mask, position_ids=torch.arange(5).expand(2, 5)), default)
+        # positions 3..7: the same as a model whose table is rolled by 3 rows, run at positions 0..4
+        shifted = model(ids, mask, position_ids=torch.arange(3, 8))
+        rolled = _model(n_layers=2).double()
+        rolled.position_embedding.copy_(torch.roll(model.position_embedding, -3, dims=0))
+        torch.testing.assert_close(shifted, rolled(ids, mask), rtol=0, atol=1e-12)
+        assert (shifted - default).abs().max() > 1e-3
+        # per row: row 1 at positions 2..6, row 0 at 0..4
+        per_row = model(ids, mask, position_ids=torch.stack([torch.arange(5), torch.arange(2, 7)]))
+        torch.testing.assert_close(per_row[0], default[0], rtol=0, atol=0)
+        torch.testing.assert_close(per_row[1:], model(ids[1:], mask, position_ids=torch.arange(2, 7)), rtol=0, atol=1e-12)
+
+
+def test_packed_documents_with_restarted_positions_equal_each_document_alone():
+    from selfattn import masks
+
+    model = _model(n_layers=2).double()
+    docs = torch.tensor([0, 0, 0, 1, 1, 1, 1, 2])
+    ids = torch.randint(0, 11, (1, 8), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        packed = model(ids, masks.document_causal_mask(docs[None]), position_ids=masks.document_positions(docs[None]))
+        for a, b in ((0, 3), (3, 7), (7, 8)):
+            torch.testing.assert_close(packed[:, a:b], model(ids[:, a:b], causal_mask(b - a)), rtol=0, atol=1e-12)
+
+
+def test_bad_position_ids_name_the_argument():
+    model = _model()
+    ids = torch.zeros(2, 4, dtype=torch.int64)
+    with pytest.raises(TypeError, match="position_ids must be an integer tensor; got dtype torch.float32"):
+        model(ids, position_ids=torch.arange(4.0))
+    with pytest.raises(TypeError, match="position_ids"):
+        model(ids, position_ids=[0, 1, 2, 3])
+    with pytest.raises(ValueError, match=r"position_ids must have the shape of input_ids \(2, 4\)"):
+        model(ids, position_ids=torch.arange(3))
+    with pytest.raises(ValueError, match=r"block_size=8\); got values from 5 to 8"):
+        model(ids, position_ids=torch.arange(5, 9))
+    with pytest.raises(ValueError, match="got values from -1"):
+        model(ids, position_ids=torch.arange(-1, 3))

@@ -1,7 +1,8 @@
 """Checks for the exercises of chapter 07 (the Transformer block).
 
-Expected values come from NumPy (``selfattn.ref.layer_norm``, ``selfattn.ref.post_norm_block``);
-typical mistakes are recognised by computing them too and naming the one the answer matches.
+Expected values come from NumPy (``selfattn.ref.layer_norm``, ``selfattn.ref.pre_norm_block``,
+``selfattn.ref.rms_norm``, ``selfattn.ref.softmax``); typical mistakes are recognised by computing them
+too and naming the one the answer matches.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from .. import ref
 from . import call_learner, checker, compare_arrays, failed, passed, to_numpy
 from ._judge import judge
 
-__all__ = ["check_layer_norm", "check_post_norm_block", "check_pre_norm_block", "check_rms_norm"]
+__all__ = ["check_layer_norm", "check_pre_norm_block", "check_rms_norm", "check_qk_norm_weights"]
 
 _EPS = 0.1  # large enough that where eps goes changes the result visibly
 # A right answer computed in float32 is off by ~3e-7 here and passes; every typical mistake is off by
@@ -126,45 +127,7 @@ def _block_parts(seed: int = 7):
     return x, p, H, eps, (attn, ffn, ln1, ln2)  # fmt: skip
 
 
-@checker("7.2 post-norm block")
-def check_post_norm_block(fn):
-    """``fn(x, attn, ffn, ln1, ln2)`` must compose the four sublayers (callables (B, T, D) -> (B, T, D)
-    on torch tensors) as BERT's post-norm block: ``h = ln1(x + attn(x))``, ``out = ln2(h + ffn(h))``."""
-    ex = "7.2 post-norm block"
-    x, p, H, eps, parts = _block_parts()
-    attn, ffn, ln1, ln2 = parts
-    got = to_numpy(call_learner(ex, fn, torch.from_numpy(x.copy()), *parts))
-    expected = ref.post_norm_block(x, p, H, eps=eps)
-    if got is not None and got.shape == expected.shape and np.isfinite(got).all():
-        X = torch.from_numpy(x)
-        no_res = ln2(ffn(ln1(attn(X))))
-        h_after = X + ln1(attn(X))
-        mistakes = [
-            (ref.pre_norm_block(x, p, H, eps=eps), "This is the pre-norm block (normalise, then add); BERT's block is "
-                                                   "post-norm: add the branch to x first, then normalise the sum."),
-            (to_numpy(no_res), "The residual connections are missing: each sublayer's output must be added to its "
-                               "input (x + attn(x), h + ffn(h)) before the layer norm."),
-            (to_numpy(h_after + ln2(ffn(h_after))), "You normalised the branch output and then added it; in the "
-                                                    "post-norm block the sum x + attn(x) is what gets normalised."),
-            (to_numpy(ln1(X + attn(X))), "You stopped after the attention sublayer: the feed-forward sublayer "
-                                         "h -> ln2(h + ffn(h)) is missing."),
-            (to_numpy(ln2(ffn(ln1(X + attn(X))))), "The second residual connection is missing: add h to ffn(h) "
-                                                   "before ln2, out = ln2(h + ffn(h))."),
-            (to_numpy(ln2(ln1(X + attn(X)) + ffn(X))), "The feed-forward sublayer read x; it must read h, the "
-                                                       "output of the attention sublayer: out = ln2(h + ffn(h))."),
-            (to_numpy((lambda h: ln1(h + ffn(h)))(ln2(X + attn(X)))), "ln1 and ln2 are swapped: ln1 belongs to the "
-                                                                       "attention sublayer, ln2 to the feed-forward one."),
-        ]  # fmt: skip
-        for wrong, words in mistakes:
-            if np.allclose(got, wrong, atol=_ATOL):
-                return failed(ex, words)
-    bad = compare_arrays(ex, got, expected, what="The block's output", atol=_ATOL, rtol=_ATOL)
-    if bad is not None:
-        return bad
-    return passed(ex, "h = ln1(x + attn(x)); out = ln2(h + ffn(h)): add, then normalise, twice.")
-
-
-_EX3 = "7.3 pre-norm block from its parts"
+_EX3 = "7.2 pre-norm block from its parts"
 _PRE_PARAMS = ("ln1_gamma", "ln1_beta", "ln2_gamma", "ln2_beta", "W_1", "b_1", "W_2", "b_2")
 
 
@@ -238,7 +201,7 @@ def check_pre_norm_block(fn):
                         "add its output to the raw stream. This is selfattn.TransformerBlock's forward.")  # fmt: skip
 
 
-_EX4 = "7.4 RMSNorm"
+_EX4 = "7.3 RMSNorm"
 
 
 @checker(_EX4)
@@ -264,3 +227,82 @@ def check_rms_norm(fn):
     ]  # fmt: skip
     return judge(_EX4, got, expected, mistakes, what="rms_norm(x, g, eps)", atol=_ATOL,
                  right="g * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps): what selfattn.modern.RMSNorm computes.")
+
+
+_EX5 = "7.4 QK-norm attention weights"
+
+
+def _qk_inputs():
+    """q (B, H, T, Dh), k (B, H, S, Dh) float64 with heads and positions of very different sizes (some
+    far below eps, so that where eps goes shows), and two different gains g_q, g_k (Dh,)."""
+    rng = np.random.default_rng(17)
+    B, H, T, S, Dh = 2, 3, 4, 5, 8
+    head_scale = np.array([0.5, 1.0, 2.5])[None, :, None, None]  # the heads differ in size
+    q = rng.normal(size=(B, H, T, Dh)) * head_scale * np.array([0.05, 0.3, 1.0, 3.0])[None, None, :, None]
+    k = rng.normal(size=(B, H, S, Dh)) * head_scale * np.array([0.1, 0.5, 1.0, 2.0, 4.0])[None, None, :, None]
+    g_q, g_k = rng.uniform(0.5, 2.0, size=Dh), rng.uniform(0.5, 2.0, size=Dh)
+    return q, k, g_q, g_k
+
+
+def _qk_variant(q, k, g_q, g_k, eps, *, axis=-1, norm_q=True, norm_k=True, gains=True, centre=False,
+                eps_inside=True, scale="d_head", softmax_axis=-1):
+    """QK-norm attention weights and their usual slips, in NumPy."""
+    def norm(x, g):
+        if centre:
+            x = x - x.mean(axis=axis, keepdims=True)
+        ms = (x**2).mean(axis=axis, keepdims=True)
+        x = x / (np.sqrt(ms + eps) if eps_inside else np.sqrt(ms) + eps)
+        return g * x if gains else x
+
+    qn = norm(q, g_q) if norm_q else q
+    kn = norm(k, g_k) if norm_k else k
+    H, Dh = q.shape[1], q.shape[-1]
+    divide = {"d_head": np.sqrt(Dh), "d_model": np.sqrt(H * Dh), "none": 1.0}[scale]
+    scores = qn @ np.swapaxes(kn, -1, -2) / divide  # (B, H, T, Dh) @ (B, H, Dh, S) -> (B, H, T, S)
+    return ref.softmax(scores, axis=softmax_axis)
+
+
+@checker(_EX5)
+def check_qk_norm_weights(fn):
+    """``fn(q, k, g_q, g_k, eps)`` for float64 tensors q (B, H, T, Dh), k (B, H, S, Dh) and gains g_q, g_k
+    (Dh,) must return the attention weights (B, H, T, S) of QK-norm: an RMSNorm over each head's d_head
+    features, with gain g_q on every query vector and g_k on every key vector (eps inside the root), then
+    ``softmax(q_hat k_hat^T / sqrt(Dh))`` over the keys (no mask). Expected: ``selfattn.ref.rms_norm``
+    and ``selfattn.ref.softmax``, as in ``selfattn.modern.QKNormAttention`` (chapter 07)."""
+    q, k, g_q, g_k = _qk_inputs()
+    eps = _EPS
+    args = [torch.from_numpy(a.copy()) for a in (q, k, g_q, g_k)]
+    got = call_learner(_EX5, fn, *args, eps)
+    Dh = q.shape[-1]
+    q_hat, k_hat = ref.rms_norm(q, g_q, eps=eps), ref.rms_norm(k, g_k, eps=eps)  # (B, H, T, Dh), (B, H, S, Dh)
+    expected = ref.softmax(q_hat @ np.swapaxes(k_hat, -1, -2) / np.sqrt(Dh), axis=-1)  # (B, H, T, S)
+
+    def variant(**kwargs):
+        return lambda: _qk_variant(q, k, g_q, g_k, eps, **kwargs)
+
+    mistakes = [
+        (variant(softmax_axis=-2), "Each column sums to one: you took the softmax over the queries (axis -2). "
+                                   "Every query spreads its weight over the keys: softmax over the last axis."),
+        (variant(axis=-2), "You normalised over the positions (axis -2); QK-norm normalises each query and each "
+                           "key vector over its d_head features (the last axis)."),
+        (variant(axis=(1, 3)), "You normalised over all heads' features together (one RMS per token, across "
+                               "heads); this QK-norm is per head: each head's d_head features on their own."),
+        (variant(norm_k=False), "Only the queries are normalised: QK-norm applies an RMSNorm, with the gain g_k, "
+                                "to the keys too."),
+        (variant(norm_q=False), "Only the keys are normalised: QK-norm applies an RMSNorm, with the gain g_q, "
+                                "to the queries too."),
+        (variant(gains=False), "The gains are missing: multiply the normalised queries by g_q and the "
+                               "normalised keys by g_k."),
+        (variant(centre=True), "You subtracted the mean: that is layer norm. QK-norm here is an RMSNorm, "
+                               "x / sqrt(mean(x**2) + eps) times the gain, with no centring."),
+        (variant(eps_inside=False), "eps is in the wrong place: divide by sqrt(mean(x**2) + eps), not by "
+                                    "sqrt(mean(x**2)) + eps."),
+        (variant(scale="none"), "The scores are not scaled: divide q_hat k_hat^T by sqrt(d_head) before the "
+                                "softmax, as in every scaled dot product (chapter 03)."),
+        (variant(scale="d_model"), "You divided the scores by sqrt(H * d_head), the model's width; scale by "
+                                   "sqrt(d_head), the width of one head."),
+    ]  # fmt: skip
+    return judge(_EX5, got, expected, mistakes, what="qk_norm_weights(q, k, g_q, g_k, eps)", atol=_ATOL,
+                 right="An RMSNorm with its own gain on each head's queries and keys, then the scaled dot "
+                       "product and a softmax over the keys: the weights of selfattn.modern.QKNormAttention. "
+                       "Every score is now at most sqrt(d_head) max|g_q g_k| in size.")  # fmt: skip

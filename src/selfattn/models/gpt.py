@@ -462,7 +462,8 @@ class GPT(nn.Module):
             as the class; TypeError / ValueError for an ``attention_mask`` or ``position_ids`` of the
             wrong dtype, shape or values.
 
-        Source: chapter 14; ``attention_mask`` and ``position_ids``, chapters 04 and 05.
+        Source: chapters 07 (assembled) and 14 (trained); ``attention_mask`` and ``position_ids``, chapter 08
+        (packed and left-padded sequences; chapters 04 and 05 show them on ``TinyLM``).
         """
         return_weights = require_flag("return_weights", return_weights)
         logits, weights = self._run(input_ids, [_GrowingCache(KVCache()) for _ in self.blocks],  # no earlier positions
@@ -567,7 +568,8 @@ class GPT(nn.Module):
             ``make_cache`` not callable, or given with ``use_cache=False``; an ``attention_mask`` not
             of shape (B, T0), not 0/1, not left padding, with a row of padding only, or with ``make_cache``.
 
-        Source: chapter 14; ``make_cache``, chapter 11; ``attention_mask`` (left padding), chapter 05.
+        Source: chapter 14; ``make_cache``, chapter 11; ``attention_mask`` (left padding):
+        what chapter 05 writes by hand for ``TinyLM``.
         """
         greedy = require_flag("greedy", greedy)
         use_cache = require_flag("use_cache", use_cache)

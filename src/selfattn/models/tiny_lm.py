@@ -63,12 +63,16 @@ class TinyLM(nn.Module):
 
     Shapes:
         forward(input_ids (B, T) int64, mask: boolean keep-mask broadcastable to (B, H, T, T) or
-        None) -> logits (B, T, V) float32: ``logits[b, t]`` scores the token that follows
-        ``input_ids[b, t]``.
+        None, position_ids: (B, T) or (T,) integers in [0, block_size) or None) -> logits (B, T, V)
+        float32: ``logits[b, t]`` scores the token that follows ``input_ids[b, t]``. Without
+        ``position_ids`` column t is at position t; with them, row b's column t reads row
+        ``position_ids[b, t]`` of the position table (packed documents restart at 0, chapter 04;
+        left-padded prompts start at their first real token, chapter 05).
 
     Raises:
-        TypeError / ValueError: ``input_ids`` not (B, T) integers in [0, V), T = 0, T > block_size, or a
-        bad mask (see :func:`selfattn.scaled_dot_product_attention`).
+        TypeError / ValueError: ``input_ids`` not (B, T) integers in [0, V), T = 0, T > block_size, a
+        bad mask (see :func:`selfattn.scaled_dot_product_attention`), or ``position_ids`` not integers
+        of shape (B, T) or (T,) in [0, block_size).
 
     Source: chapter 04 (Radford et al. 2018's decoder-only layout, with pre-norm blocks).
     """
@@ -88,7 +92,12 @@ class TinyLM(nn.Module):
         self.ln_f = nn.LayerNorm(config.d_model)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size)
 
-    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         require_tensor("input_ids", input_ids)
         require_rank("input_ids", input_ids, 2, "(B, T)")
         T = input_ids.shape[1]
@@ -99,10 +108,32 @@ class TinyLM(nn.Module):
                 f"input_ids may hold at most block_size={self.config.block_size} positions; "
                 f"got shape {shape_of(input_ids)}"
             )
-        x = self.token_embedding(input_ids) + self.position_embedding[:T]  # (B, T, D) + (T, D)
+        if position_ids is None:
+            positions = self.position_embedding[:T]  # (T, D): column t at position t
+        else:
+            positions = self.position_embedding[self._check_positions(position_ids, input_ids)]  # (B, T, D) or (T, D)
+        x = self.token_embedding(input_ids) + positions  # (B, T, D) + (T, D) or (B, T, D)
         for block in self.blocks:
             x = block(x, mask)  # (B, T, D); the mask is the only thing that makes it causal
         return self.lm_head(self.ln_f(x))  # (B, T, D) @ (D, V) -> (B, T, V)
+
+
+    def _check_positions(self, position_ids, input_ids: torch.Tensor) -> torch.Tensor:
+        """``position_ids`` as int64, after checking its type, shape (B, T) or (T,) and range."""
+        require_tensor("position_ids", position_ids)
+        if position_ids.dtype.is_floating_point or position_ids.dtype.is_complex or position_ids.dtype == torch.bool:
+            raise TypeError(f"position_ids must be an integer tensor; got dtype {position_ids.dtype}")
+        if tuple(position_ids.shape) not in (tuple(input_ids.shape), tuple(input_ids.shape[1:])):
+            raise ValueError(
+                f"position_ids must have the shape of input_ids {shape_of(input_ids)} (B, T) or (T,); "
+                f"got {shape_of(position_ids)}"
+            )
+        low, high = int(position_ids.min()), int(position_ids.max())
+        if low < 0 or high >= self.config.block_size:
+            raise ValueError(
+                f"position_ids must lie in [0, block_size={self.config.block_size}); got values from {low} to {high}"
+            )
+        return position_ids.to(device=self.position_embedding.device, dtype=torch.int64)
 
 
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
