@@ -17,8 +17,10 @@ from .browser_support import chapter_pages
 
 TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$", re.MULTILINE)
 RAW_MATH = re.compile(r"(?<![\\$])\$[^$\s][^$]*?\$")
-# Tables each chapter generates from its measurements (chapter 09: seven bench tables, 13: one summary).
-GENERATED_TABLES = {"notebooks/09_parallel_and_quadratic": 7, "notebooks/13_attention_explanations": 1}
+# Tables each chapter generates from its measurements (chapter 09: seven bench tables, 10: the number
+# formats of the systems primer, read from torch.finfo; 13: one summary).
+GENERATED_TABLES = {"notebooks/09_parallel_and_quadratic": 7, "notebooks/10_flash_attention": 1,
+                    "notebooks/13_attention_explanations": 1}
 
 
 def _outputs(built_html, page: str):

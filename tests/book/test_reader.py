@@ -315,16 +315,21 @@ WIDGETS_JS = """() => {
   const controls = areas.flatMap((a) => [...a.querySelectorAll('.jupyter-widgets input, .jupyter-widgets select, .jupyter-widgets textarea, .jupyter-widgets button, .jupyter-widgets .noUi-target')])
     .filter((c) => !c.closest('.widget-output, .plotly-graph-div'));
   const live = controls.filter((c) => !(c.disabled || c.hasAttribute('disabled')));
-  const marked = areas.filter((a) => [...a.querySelectorAll('.selfattn-live-note')].some((n) => n.checkVisibility() && /kernel/i.test(n.textContent)));
+  const noted = (a) => [...a.querySelectorAll('.selfattn-live-note')].some((n) => n.checkVisibility() && /kernel/i.test(n.textContent));
+  const withControls = areas.filter((a) => controls.some((c) => a.contains(c)));
+  const bare = areas.filter((a) => !withControls.includes(a));  // e.g. tqdm's progress bar: nothing to disable
   return {areas: areas.length, controls: controls.length, live: live.map((c) => c.tagName + '.' + c.className),
-          unmarked: areas.length - marked.length};
+          unmarked: withControls.filter((a) => !noted(a)).length,
+          noted_bare: bare.filter(noted).map((a) => a.textContent.replace(/\\s+/g, ' ').trim().slice(0, 80))};
 }"""
 
 
 @pytest.mark.parametrize("page", CHAPTERS, ids=page_id)
 def test_live_only_widget_controls_are_disabled_and_marked(browser, site_url, page):
     """The ipywidgets explorers need a kernel: on the static page their controls are disabled (a
-    dragged slider does not move its readout away from the figure it shows) and a note says so."""
+    dragged slider does not move its readout away from the figure it shows) and a note says so. A
+    widget with no control (tqdm's progress bar in chapters 08 and 14) gets no such note: above a
+    plain progress bar it announced an explorer that is not there (issue 26, learner26's report)."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     context.route("**/*", lambda r: r.continue_() if is_local(r.request.url, site_url) else r.abort())
     tab = context.new_page()
@@ -337,6 +342,7 @@ def test_live_only_widget_controls_are_disabled_and_marked(browser, site_url, pa
         assert r["controls"] >= 1, f"{page}: widget views but no control drawn"
         assert r["live"] == [], f"{page}: live-only controls usable on the static page: {r['live'][:5]}"
         assert r["unmarked"] == 0, f"{page}: {r['unmarked']} widget views without a note that they need a kernel"
+        assert r["noted_bare"] == [], f"{page}: a widget without controls says it needs a kernel: {r['noted_bare']}"
         handle = tab.locator(".jupyter-widgets .noUi-handle").first
         if handle.count():
             readout = tab.locator(".jupyter-widgets .widget-readout").first
