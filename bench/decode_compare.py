@@ -253,12 +253,18 @@ def verdicts(seconds, contexts) -> dict:
     return out
 
 
+def _tps(x: float) -> str:
+    """Tokens per second to three significant figures or more (GPT-2 small's are single digits on a CPU)."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
 def render(seconds, contexts, verdict, meta) -> str:
     lines = [f"# One decode step: the course's GPT against transformers and torch.compile ({meta['date']})", "",
              f"Machine: {meta['cpu']}, vector ISA {meta['isa']}; {meta['threads']} torch threads; torch "
              f"{meta['torch']}, transformers {meta['transformers']}; OMP_WAIT_POLICY={meta['omp_wait_policy']}; "
              f"1-minute load average {meta['load_start']:.2f} at start, {meta['load_end']:.2f} at the end "
-             f"({meta['wall_seconds']:.0f} s in all; compilations: {meta['compile_text']}).", "",
+             f"({meta['wall_seconds']:.0f} s in all; compilations: {meta['compile_text']})."
+             + (f" {meta['note']}" if meta.get("note") else ""), "",
              "What is timed: one decode step (one new token per sequence, logits and greedy argmax) at context L. "
              "The caches are filled to L with random keys and values of the right shape instead of a real "
              "prefill, for every engine alike, and put back to L after each step: every timed step reads a "
@@ -276,7 +282,7 @@ def render(seconds, contexts, verdict, meta) -> str:
                       "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
             for i, L in enumerate(contexts):
                 tps = {e: B / s[e][i] for e in ENGINES}
-                lines.append(f"| {L} | " + " | ".join(f"{tps[e]:.0f}" for e in ENGINES)
+                lines.append(f"| {L} | " + " | ".join(_tps(tps[e]) for e in ENGINES)
                              + f" | {tps['course eager'] / tps['HF dynamic']:.2f} "
                              f"| {tps['course eager'] / tps['HF static']:.2f} "
                              f"| {s['course eager'][i] / s['course compiled'][i]:.2f} "
@@ -292,6 +298,7 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="capstone size, contexts 128 and 1024: a smoke test")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per point (default 7; --quick 3)")
     parser.add_argument("--steps", type=int, default=None, help="steps per engine per round (default 3; --quick 2)")
+    parser.add_argument("--note", default="", help="a sentence for the header (e.g. the conditions of a smoke run)")
     parser.add_argument("--out", type=Path, default=None,
                         help="markdown file (default for a full run: bench/results/decode-compare-cpu-<date>.md)")
     args = parser.parse_args(argv)
@@ -311,7 +318,7 @@ def main(argv=None):
             "torch": torch.__version__, "transformers": transformers.__version__,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_start": load_start,
             "load_end": os.getloadavg()[0], "wall_seconds": time.perf_counter() - start,
-            "rounds": rounds, "steps": steps, "quick": args.quick, "compile_seconds": compile_seconds,
+            "rounds": rounds, "steps": steps, "quick": args.quick, "note": args.note, "compile_seconds": compile_seconds,
             "compile_text": ", ".join(f"{k} {v:.0f} s" for k, v in compile_seconds.items())}
     table = render(seconds, contexts, verdict, meta)
     print(table)
