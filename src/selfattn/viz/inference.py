@@ -26,6 +26,7 @@ from ..inference.decode_timing import DecodeSweep, DecodeTiming
 from . import describe
 
 __all__ = ["kv_cache_figure", "roofline_figure", "decode_speed_figure", "decode_sweep_figure", "kv_cache_readout",
+           "find_decode_compare", "decode_compare_figure",
            "kv_cache_calculator_widget", "CACHE_FORMATS"]
 
 # Okabe-Ito colours: distinct for colour-blind readers; dashes tell the series apart in grayscale.
@@ -354,3 +355,61 @@ def decode_sweep_figure(sweep: DecodeSweep, measurement: RooflineMeasurement) ->
         f"{sweep.batches[-1].batch} sequences sharing the cache; under this machine's measured roofline "
         f"({measurement.matmul_flops_per_s / 1e9:.0f} GFLOP/s, {measurement.bandwidth_bytes_per_s / 1e9:.0f} GB/s). "
         f"Step times from {points[0].seconds * 1e3:.1f} to {points[-1].seconds * 1e3:.1f} ms."))
+
+
+# --------------------------------------------------------------------------------------------------
+# The decode comparison of bench/decode_compare.py (read from its results file; the chapter does not run it)
+# --------------------------------------------------------------------------------------------------
+
+def find_decode_compare(start=None):
+    """The newest results file of ``bench/decode_compare.py``: ``bench/results/decode-compare-*.json``
+    in ``start`` (default: the working directory) or the nearest folder above it that has one, the
+    last by name (the names carry the date); None where there is none (e.g. on Colab without the
+    repository). Source: chapter 11."""
+    from pathlib import Path
+
+    here = Path.cwd() if start is None else Path(start)
+    for folder in [here, *here.parents]:
+        found = sorted((folder / "bench" / "results").glob("decode-compare-*.json"))
+        if found:
+            return found[-1]
+    return None
+
+
+def decode_compare_figure(record: Mapping) -> go.Figure:
+    """Tokens per second against context, one line per engine, one view per size and batch (buttons).
+
+    ``record``: the JSON of ``bench/decode_compare.py`` (``engines``, ``sizes``, ``batches``,
+    ``contexts``, ``tokens_per_second[size][batch][engine]``, ``seconds_per_step`` likewise). Hover
+    gives ms per step and the engine's speed as a ratio to the course's eager step.
+
+    Raises: TypeError: ``record`` not a mapping; KeyError: a field missing. Source: chapter 11.
+    """
+    from . import views_figure
+
+    if not isinstance(record, Mapping):
+        raise TypeError(f"record must be the mapping read from a decode-compare JSON file; got {type(record).__name__}")
+    contexts = list(record["contexts"])
+    views = {}
+    for size in record["sizes"]:
+        for batch in record["batches"]:
+            tps = record["tokens_per_second"][size][str(batch)]
+            sec = record["seconds_per_step"][size][str(batch)]
+            fig = go.Figure()
+            for i, engine in enumerate(record["engines"]):
+                custom = [[1e3 * s, t / e] for s, t, e in zip(sec[engine], tps[engine], tps["course eager"], strict=True)]
+                fig.add_trace(go.Scatter(
+                    x=contexts, y=tps[engine], customdata=custom, mode="lines+markers", name=engine,
+                    line={"color": _COLOURS[i], "dash": _DASHES[i]},
+                    hovertemplate=f"{engine}<br>context %{{x}}: %{{y:.0f}} tokens/s, %{{customdata[0]:.2f}} ms/step"
+                                  "<br>%{customdata[1]:.2f}x the course's eager speed<extra></extra>"))
+            _layout(fig, f"One decode step, {size} size, batch {batch}", "context length (tokens, log scale)",
+                    "tokens per second (log scale)")
+            eager = tps["course eager"]
+            views[f"{size}, batch {batch}"] = describe(fig, (
+                f"{size}, batch {batch}: the course's eager step at {eager[0]:.0f} tokens/s at context {contexts[0]} "
+                f"and {eager[-1]:.0f} at {contexts[-1]}; "
+                + ", ".join(f"{e} {tps[e][0]:.0f} and {tps[e][-1]:.0f}" for e in record["engines"][1:]) + "."))
+    if len(views) == 1:
+        return next(iter(views.values()))
+    return views_figure(views, label="size and batch")
