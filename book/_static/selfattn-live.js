@@ -1,4 +1,5 @@
-/* The live model of chapter 14: runs the capstone GPT in the reader's browser.
+/* The live models of chapters 14 and 15: run the capstone GPT (14) or the attention-only model with
+ * induction heads (15) in the reader's browser.
  *
  * selfattn.live.LivePanel writes, into the page, a <div class="selfattn-livemodel"> holding the model
  * (ONNX, base64), its vocabulary and sizes, and the values the torch model gave at build time for a
@@ -316,8 +317,12 @@
     encode(text) {
       const unknown = [...new Set([...text].filter((ch) => !this.index.has(ch)))];
       if (unknown.length) {
+        const V = this.config.vocab.length;
+        const knows = this.config.model === "AttentionOnly"
+          ? `it knows ${V} characters, one per token id: ${this.config.vocab}` // selfattn.live.TokenAlphabet
+          : `it knows the ${V} characters of its training text`;
         throw new RangeError("not in the model's vocabulary: " + unknown.map((c) => JSON.stringify(c)).join(", ") +
-          ` (it knows the ${this.config.vocab.length} characters of its training text)`);
+          ` (${knows})`);
       }
       return [...text].map((ch) => this.index.get(ch));
     }
@@ -381,8 +386,9 @@
       }
       const length = [...text].length, limit = this.config.max_prompt;
       if (length > limit) { // refused, never cut silently (a pasted text would otherwise lose its end)
-        this.refuse(`Cannot run this prompt: it has ${length} characters; the panel takes at most ${limit}, ` +
-          "the length the model was trained at.");
+        const why = limit === this.config.block_size ? "the length the model was trained at"
+          : `so that the continuation fits in the ${this.config.max_positions} positions the model takes`;
+        this.refuse(`Cannot run this prompt: it has ${length} characters; the panel takes at most ${limit}, ${why}.`);
         return;
       }
       let ids;
