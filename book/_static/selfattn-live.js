@@ -436,6 +436,7 @@
 
     draw(text, T, weights) {
       const { n_layers: L, n_heads: H } = this.config;
+      const first = this.config.count_from ?? 1; // layers and heads counted from 1 (chapter 14) or 0 (chapter 15)
       const chars = [...text];
       const shown = (ch) => (ch === " " ? "␣" : ch);
       this.grid.textContent = "";
@@ -465,11 +466,11 @@
           const prevShare = T > 1 ? (onPrevious / (T - 1)).toFixed(2) : "—"; // one character: no previous one
           const last = chars.length - 1;
           canvas.setAttribute("role", "img");
-          canvas.setAttribute("aria-label", `Layer ${l + 1}, head ${h + 1}: attention weights, rows the ` +
+          canvas.setAttribute("aria-label", `Layer ${l + first}, head ${h + first}: attention weights, rows the ` +
             `${plural(T, "prompt character")} that ask, columns the characters they read; mean weight on the previous ` +
             `character ${T > 1 ? prevShare : "none (one character)"}; the last character "${chars[last]}" reads "${chars[reads[last]]}" most.`);
           const caption = document.createElement("figcaption");
-          caption.textContent = `Layer ${l + 1} · head ${h + 1} — previous char. ${prevShare}; ` +
+          caption.textContent = `Layer ${l + first} · head ${h + first} — previous char. ${prevShare}; ` +
             `“${shown(chars[last])}” reads “${shown(chars[reads[last]])}”`;
           figure.append(canvas, caption);
           this.grid.append(figure);
@@ -495,7 +496,8 @@
       const t = Math.floor((y / side) * T), s = Math.floor((x / side) * T);
       if (t < 0 || s < 0 || t >= T || s >= T) return;
       const shown = (ch) => (ch === " " ? "␣" : ch);
-      const who = `Layer ${l + 1} · head ${h + 1}: “${shown(chars[t])}” (character ${t + 1})`;
+      const first = this.config.count_from ?? 1;
+      const who = `Layer ${l + first} · head ${h + first}: “${shown(chars[t])}” (character ${t + 1})`;
       this.readout.textContent = s > t
         ? `${who} may not read “${shown(chars[s])}” (character ${s + 1}): it comes later (causal mask), weight 0.`
         : `${who} reads “${shown(chars[s])}” (character ${s + 1}) with weight ${weights[base + t * T + s].toFixed(3)}.`;

@@ -424,7 +424,8 @@ class LivePanel:
     - ``selfattn-livemodel-config``: ``vocab`` (the tokenizer's characters, id = index), ``block_size``
       (the training length: a GPT's ``block_size``, an AttentionOnly's ``seq_len``), ``n_layers``,
       ``n_heads``, ``max_positions`` (the longest input of the exported model), ``max_prompt`` (the
-      prompt box's limit), ``max_new_tokens``, ``prompt``, ``positions`` and ``model`` (the class name);
+      prompt box's limit), ``max_new_tokens``, ``prompt``, ``positions``, ``model`` (the class name) and
+      ``count_from`` (the number of the first layer and head in the heatmaps' labels);
     - ``selfattn-livemodel-onnx``: the ONNX file of :func:`export_onnx`, base64;
     - ``selfattn-livemodel-expected``: for each fixed prompt, its ``ids``, the torch model's ``logits``
       (T, V) and ``weights`` (L, H, T, T) as little-endian float32 in base64 (row-major), and the
@@ -462,6 +463,8 @@ class LivePanel:
         max_prompt: the prompt box's limit (1 .. the training length, and max_prompt +
             max_new_tokens <= max_positions); default ``block_size`` for a GPT, ``max_positions -
             max_new_tokens`` for an AttentionOnly model (so that a continuation always fits).
+        count_from: 1 (default: "layer 1, head 1", as chapter 14 counts) or 0 (as chapter 15 and the
+            hook names ``blocks.{l}`` count): the first layer's and head's number in the labels.
 
     Attributes:
         onnx: the exported bytes. expected: the per-prompt values (numpy arrays). long: the long
@@ -480,7 +483,7 @@ class LivePanel:
 
     def __init__(self, model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 40,
                  check_new_tokens: int = 24, max_positions: int | None = None, long_prompt: str | None = None,
-                 max_prompt: int | None = None):
+                 max_prompt: int | None = None, count_from: int = 1):
         from .data import CharTokenizer
 
         _require_gpt(model)
@@ -529,6 +532,9 @@ class LivePanel:
                 raise ValueError(f"long_prompt must be a string of more than block_size={self.block_size} and at most "
                                  f"max_positions={self.max_positions} characters; got {long_prompt!r}")
             _require_in_vocabulary(tokenizer, "long_prompt", long_prompt)
+        if count_from not in (0, 1) or isinstance(count_from, bool):
+            raise ValueError(f"count_from must be 0 or 1; got {count_from!r}")
+        self.count_from = count_from
         self.model, self.tokenizer, self.prompts = model, tokenizer, list(prompts)
         self.max_new_tokens, self.check_new_tokens = n_new, n_check
         # The page runs the export in float32, so the stored values are the float32 model's: a model in
@@ -586,7 +592,7 @@ class LivePanel:
         return {"vocab": self.tokenizer.chars, "block_size": self.block_size, "n_layers": c.n_layers,
                 "n_heads": c.n_heads, "max_positions": self.max_positions, "max_prompt": self.max_prompt,
                 "max_new_tokens": self.max_new_tokens, "prompt": self.prompts[0], "positions": positions,
-                "model": type(self.model).__name__}
+                "model": type(self.model).__name__, "count_from": self.count_from}
 
     def expected_payload(self) -> list[dict]:
         return [{"prompt": e["prompt"], "ids": e["ids"], "T": len(e["ids"]),

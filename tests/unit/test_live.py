@@ -332,12 +332,12 @@ def test_attention_only_twin_follows_rope_layers_and_the_final_norm():
     """The twin must rotate only the first rope_layers layers and read through ln_f: a twin that rotated
     every layer, or skipped the norm, would differ from the forward by far more than rounding."""
     model = _attention_only(final_norm=True, rope_layers=1)
+    both = _attention_only(final_norm=True, rope_layers=2)  # the same parameters (same seed), RoPE in layer 1 too
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), both.parameters(), strict=True))
     ids = _ids32(20)
     with torch.no_grad():
         logits = model(ids)
-        model.config.__dict__["rope_layers"] = 2  # what the twin would compute had it rotated layer 1 too
-        rotated_both = AttentionOnlyExport(model)(ids)[0]
-        model.config.__dict__["rope_layers"] = 1
+        rotated_both = AttentionOnlyExport(both)(ids)[0]
         model.ln_f.weight.mul_(2.0)  # the twin shares the norm's parameters: it must see the change
         assert _max_diff(AttentionOnlyExport(model)(ids)[0], model(ids)) < 1e-4  # logits up to ~40: float32
     assert _max_diff(rotated_both, logits) > 1e-2
@@ -395,7 +395,7 @@ PROMPTS32 = ["k3bqx7ma2fk3bqx7ma2f", "hello"]
 
 @pytest.fixture(scope="module")
 def induction_panel():
-    return LivePanel(_attention_only(), ALPHABET, PROMPTS32, max_new_tokens=8, check_new_tokens=8)
+    return LivePanel(_attention_only(), ALPHABET, PROMPTS32, max_new_tokens=8, check_new_tokens=8, count_from=0)
 
 
 def test_attention_only_panel_carries_the_models_values_and_no_long_probe(induction_panel):
@@ -410,7 +410,7 @@ def test_attention_only_panel_carries_the_models_values_and_no_long_probe(induct
     assert config["vocab"] == ALPHABET.chars and config["model"] == "AttentionOnly"
     # prompts of up to 32 - 8 = 24 characters, so that the 8 new ones fit in the model's 32 positions
     assert (config["block_size"], config["max_positions"], config["max_prompt"], config["max_new_tokens"]) == (32, 32, 24, 8)
-    assert (config["n_layers"], config["n_heads"], config["prompt"]) == (2, 4, PROMPTS32[0])
+    assert (config["n_layers"], config["n_heads"], config["prompt"], config["count_from"]) == (2, 4, PROMPTS32[0], 0)
     assert "Prompt (at most 24 characters)" in panel._repr_html_()
     ort = pytest.importorskip("onnxruntime")
     session = ort.InferenceSession(base64.b64decode(blocks["selfattn-livemodel-onnx"]), providers=["CPUExecutionProvider"])
@@ -443,5 +443,7 @@ def test_attention_only_panel_refuses_what_does_not_fit():
         LivePanel(model, ALPHABET, ["abc"], max_new_tokens=8, check_new_tokens=8, max_prompt=0)
     with pytest.raises(ValueError, match=r"tokenizer.vocab_size \(4\) must equal the model's vocab_size \(32\)"):
         LivePanel(model, TokenAlphabet(4), ["abc"])
+    with pytest.raises(ValueError, match="count_from must be 0 or 1; got 2"):
+        LivePanel(model, ALPHABET, ["abc"], max_new_tokens=8, check_new_tokens=8, count_from=2)
     with pytest.raises(ValueError, match=r"prompts\[0\] = 'aZ': .*outside the vocabulary"):
         LivePanel(model, ALPHABET, ["aZ"], max_new_tokens=8, check_new_tokens=8)
