@@ -1,4 +1,5 @@
-/* The live model of chapter 14: runs the capstone GPT in the reader's browser.
+/* The live models of chapters 14 and 15: run the capstone GPT (14) or the attention-only model with
+ * induction heads (15) in the reader's browser.
  *
  * selfattn.live.LivePanel writes, into the page, a <div class="selfattn-livemodel"> holding the model
  * (ONNX, base64), its vocabulary and sizes, and the values the torch model gave at build time for a
@@ -316,8 +317,12 @@
     encode(text) {
       const unknown = [...new Set([...text].filter((ch) => !this.index.has(ch)))];
       if (unknown.length) {
+        const V = this.config.vocab.length;
+        const knows = this.config.model === "AttentionOnly"
+          ? `it knows ${V} characters, one per token id: ${this.config.vocab}` // selfattn.live.TokenAlphabet
+          : `it knows the ${V} characters of its training text`;
         throw new RangeError("not in the model's vocabulary: " + unknown.map((c) => JSON.stringify(c)).join(", ") +
-          ` (it knows the ${this.config.vocab.length} characters of its training text)`);
+          ` (${knows})`);
       }
       return [...text].map((ch) => this.index.get(ch));
     }
@@ -381,8 +386,9 @@
       }
       const length = [...text].length, limit = this.config.max_prompt;
       if (length > limit) { // refused, never cut silently (a pasted text would otherwise lose its end)
-        this.refuse(`Cannot run this prompt: it has ${length} characters; the panel takes at most ${limit}, ` +
-          "the length the model was trained at.");
+        const why = limit === this.config.block_size ? "the length the model was trained at"
+          : `so that the continuation fits in the ${this.config.max_positions} positions the model takes`;
+        this.refuse(`Cannot run this prompt: it has ${length} characters; the panel takes at most ${limit}, ${why}.`);
         return;
       }
       let ids;
@@ -430,6 +436,7 @@
 
     draw(text, T, weights) {
       const { n_layers: L, n_heads: H } = this.config;
+      const first = this.config.count_from ?? 1; // layers and heads counted from 1 (chapter 14) or 0 (chapter 15)
       const chars = [...text];
       const shown = (ch) => (ch === " " ? "␣" : ch);
       this.grid.textContent = "";
@@ -459,11 +466,11 @@
           const prevShare = T > 1 ? (onPrevious / (T - 1)).toFixed(2) : "—"; // one character: no previous one
           const last = chars.length - 1;
           canvas.setAttribute("role", "img");
-          canvas.setAttribute("aria-label", `Layer ${l + 1}, head ${h + 1}: attention weights, rows the ` +
+          canvas.setAttribute("aria-label", `Layer ${l + first}, head ${h + first}: attention weights, rows the ` +
             `${plural(T, "prompt character")} that ask, columns the characters they read; mean weight on the previous ` +
             `character ${T > 1 ? prevShare : "none (one character)"}; the last character "${chars[last]}" reads "${chars[reads[last]]}" most.`);
           const caption = document.createElement("figcaption");
-          caption.textContent = `Layer ${l + 1} · head ${h + 1} — previous char. ${prevShare}; ` +
+          caption.textContent = `Layer ${l + first} · head ${h + first} — previous char. ${prevShare}; ` +
             `“${shown(chars[last])}” reads “${shown(chars[reads[last]])}”`;
           figure.append(canvas, caption);
           this.grid.append(figure);
@@ -489,7 +496,8 @@
       const t = Math.floor((y / side) * T), s = Math.floor((x / side) * T);
       if (t < 0 || s < 0 || t >= T || s >= T) return;
       const shown = (ch) => (ch === " " ? "␣" : ch);
-      const who = `Layer ${l + 1} · head ${h + 1}: “${shown(chars[t])}” (character ${t + 1})`;
+      const first = this.config.count_from ?? 1;
+      const who = `Layer ${l + first} · head ${h + first}: “${shown(chars[t])}” (character ${t + 1})`;
       this.readout.textContent = s > t
         ? `${who} may not read “${shown(chars[s])}” (character ${s + 1}): it comes later (causal mask), weight 0.`
         : `${who} reads “${shown(chars[s])}” (character ${s + 1}) with weight ${weights[base + t * T + s].toFixed(3)}.`;

@@ -35,7 +35,8 @@ chapter                                     modules
 14 capstone GPT                             ``models.gpt`` (trained), ``checkpoint``,
                                            ``experiments.induction``, ``live`` (the model in the page)
 15 from attention to causes                 ``hooks``, ``circuits``, ``experiments.induction``
-                                           (``final_norm=True``), ``viz.circuits``
+                                           (``final_norm=True``), ``viz.circuits``,
+                                           ``live`` (the induction heads in the page)
 ==========================================  ==========================================================
 
 Every chapter also has ``viz.<topic>`` (figures and explorers) and ``exercises.chNN`` (the checks);

@@ -23,7 +23,8 @@ local web server and from ``file://`` and check that:
   assert is one a busy machine can break);
 - the panel is usable by keyboard, fits a 390 px screen, refuses characters outside the vocabulary
   with a message, and says so where WebAssembly is missing;
-- only the capstone page loads the runtime.
+- only the pages with a panel (chapters 14 and 15) load the runtime; chapter 15's panel is tested in
+  ``test_live_induction.py``.
 """
 
 from __future__ import annotations
@@ -88,12 +89,18 @@ def _max_diff(got, expected) -> float:
     return d
 
 
-def test_only_the_capstone_page_loads_the_live_model(built_html):
+PANEL_PAGES = {PAGE: ANCHOR, "notebooks/15_circuits": "ch15-live-model"}  # chapter 14's GPT, chapter 15's induction model
+
+
+def test_only_the_panel_pages_load_the_live_model(built_html):
+    """The runtime (selfattn-live.js, which loads onnxruntime-web) is on the pages with a live panel, chapters
+    14 and 15, each holding one panel under its section's anchor, and on no other page."""
     pages = {p.relative_to(built_html).as_posix() for p in built_html.rglob("*.html")
              if "selfattn-live.js" in p.read_text()}
-    assert pages == {f"{PAGE}.html"}
-    html = (built_html / f"{PAGE}.html").read_text()
-    assert html.count('class="selfattn-livemodel"') == 1 and f'id="{ANCHOR}"' in html
+    assert pages == {f"{page}.html" for page in PANEL_PAGES}
+    for page, anchor in PANEL_PAGES.items():
+        html = (built_html / f"{page}.html").read_text()
+        assert html.count('class="selfattn-livemodel"') == 1 and f'id="{anchor}"' in html, page
     vendor = built_html / "_static" / "selfattn-vendor" / "onnxruntime-web"
     assert (vendor / "dist" / "ort.wasm.min.js").is_file() and (vendor / "ort-wasm-embedded.js").is_file()
     assert "ort-wasm-simd-threaded.wasm" not in {p.name for p in vendor.rglob("*")}  # only the wrapped copy

@@ -264,3 +264,43 @@ def test_claim_31_induction_heads_form_with_a_phase_change(chapter_model):
     assert float(ind.max()) > 10 * even  # measured 0.8 against 0.04
     prev = weights[0].diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))
     assert float(prev.max()) > 0.9  # measured 0.99
+
+
+def test_the_live_panel_shows_the_trained_models_induction_heads(chapter_model):
+    """The live panel's model (section "The model in the page"): the trained model exported to ONNX (the file
+    the page runs) computes the torch model's logits and weights within 1e-4, run by Python's onnxruntime, on
+    1 to 32 positions; the panel stores the torch model's values; on a random sequence written twice, the
+    weights it stores for the page show layer 1's induction stripe (measured 0.50-0.85 against an even 0.06)
+    and layer 0's previous-token line (0.99), and greedy decoding copies the sequence on.
+    (The browser's side: tests/book/test_live_induction.py.)"""
+    ort = pytest.importorskip("onnxruntime")
+    from selfattn.live import LivePanel, TokenAlphabet, decode_float32
+
+    run, config, _ = chapter_model
+    model = run.model
+    alphabet = TokenAlphabet(config.vocab_size)
+    order = alphabet.decode(torch.randperm(config.vocab_size, generator=torch.Generator().manual_seed(30_000)))
+    unit = order[:12]
+    panel = LivePanel(model, alphabet, [unit + unit], max_new_tokens=8, check_new_tokens=8, count_from=0)
+    session = ort.InferenceSession(panel.onnx, providers=["CPUExecutionProvider"])
+    for text in (unit[0], unit + unit, order):  # 1, 24 and 32 positions
+        ids = alphabet.encode(text)[None]
+        with torch.no_grad():
+            logits, weights = model(ids, return_weights=True)
+        onnx_logits, onnx_weights = session.run(None, {"input_ids": ids.numpy()})
+        d_logits = float(np.abs(onnx_logits - logits.numpy()).max())
+        d_weights = float(np.abs(onnx_weights - torch.stack(weights)[:, 0].numpy()).max())
+        assert d_logits < 1e-4 and d_weights < 1e-4, (text, d_logits, d_weights)  # NaN fails too
+    entry = panel.expected_payload()[0]
+    ids = torch.tensor(entry["ids"])[None]
+    with torch.no_grad():
+        logits, weights = model(ids, return_weights=True)
+    assert torch.equal(torch.from_numpy(decode_float32(entry["logits"], (24, config.vocab_size))), logits[0])
+    stored = decode_float32(entry["weights"], (2, 4, 24, 24))
+    i = np.arange(11)
+    ind = stored[1][:, 12 + i, i + 1].mean(axis=-1)  # (H,): second copy -> the token after the earlier copy
+    even = float((1.0 / (12 + i + 1)).mean())
+    t = np.arange(1, 24)
+    prev = stored[0][:, t, t - 1].mean(axis=-1)
+    assert float(ind.max()) > 10 * even and float(prev.max()) > 0.9, (ind, even, prev)
+    assert entry["greedy"] == {"n_new": 8, "text": unit[:8]}  # it goes on copying: measured 8 of 8

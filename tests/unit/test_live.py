@@ -285,3 +285,165 @@ def test_panel_stores_the_float32_values_the_page_computes_for_a_model_in_anothe
         assert _max_diff(entry["logits"], logits[0]) == 0.0
         assert _max_diff(entry["weights"], torch.stack([w[0] for w in weights])) == 0.0
         assert entry["greedy"] == TOKENIZER.decode(greedy[0, ids.shape[1]:])
+
+
+# --- the AttentionOnly model of chapter 15 (induction heads) -----------------------------------------------
+
+from selfattn.experiments.induction import AttentionOnly, InductionConfig  # noqa: E402
+from selfattn.live import AttentionOnlyExport, TokenAlphabet  # noqa: E402
+
+ALPHABET = TokenAlphabet(32)
+
+
+def _attention_only(final_norm=True, rope_layers=2, dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    config = InductionConfig(final_norm=final_norm, rope_layers=rope_layers)  # V = T = 32, D = 32, 2 x 4 heads
+    model = AttentionOnly(config).eval()
+    with torch.no_grad():  # trained-looking weights: heads that differ, a final norm that is not the identity
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model.to(dtype)
+
+
+def _ids32(T, seed=1):
+    return torch.randint(0, 32, (1, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("final_norm", [False, True])
+@pytest.mark.parametrize("rope_layers", [0, 1, 2])  # RoPE in no layer, the first only, both
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("T", [1, 7, 32])  # 32 = seq_len, the most the model takes
+def test_attention_only_twin_equals_its_forward(final_norm, rope_layers, dtype, atol, T):
+    model = _attention_only(final_norm, rope_layers, dtype)
+    ids = _ids32(T)
+    with torch.no_grad():
+        logits, weights = model(ids, return_weights=True)
+        twin_logits, twin_weights = AttentionOnlyExport(model)(ids)
+    assert twin_logits.shape == logits.shape == (1, T, 32) and twin_logits.dtype == dtype
+    assert twin_weights.shape == (2, 4, T, T)
+    # Without a layer norm inside, these logits reach ~40: the float32 bound is relative to their size
+    # (1e-5 of the largest, ~100 float32 roundings); weights are in [0, 1].
+    scale = max(1.0, float(logits.abs().max()))
+    assert _max_diff(twin_logits, logits) < atol * scale
+    assert _max_diff(twin_weights, torch.stack([w[0] for w in weights])) < atol
+
+
+def test_attention_only_twin_follows_rope_layers_and_the_final_norm():
+    """The twin must rotate only the first rope_layers layers and read through ln_f: a twin that rotated
+    every layer, or skipped the norm, would differ from the forward by far more than rounding."""
+    model = _attention_only(final_norm=True, rope_layers=1)
+    both = _attention_only(final_norm=True, rope_layers=2)  # the same parameters (same seed), RoPE in layer 1 too
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), both.parameters(), strict=True))
+    ids = _ids32(20)
+    with torch.no_grad():
+        logits = model(ids)
+        rotated_both = AttentionOnlyExport(both)(ids)[0]
+        model.ln_f.weight.mul_(2.0)  # the twin shares the norm's parameters: it must see the change
+        assert _max_diff(AttentionOnlyExport(model)(ids)[0], model(ids)) < 1e-4  # logits up to ~40: float32
+    assert _max_diff(rotated_both, logits) > 1e-2
+
+
+def test_attention_only_onnx_equals_torch():
+    ort = pytest.importorskip("onnxruntime")
+    model = _attention_only(rope_layers=1)
+    data = export_onnx(model)
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for T in (1, 2, 13, 32):
+        ids = _ids32(T, seed=T)
+        with torch.no_grad():
+            logits, weights = model(ids, return_weights=True)
+        onnx_logits, onnx_weights = session.run(None, {"input_ids": ids.numpy()})
+        assert onnx_logits.shape == (1, T, 32) and onnx_weights.shape == (2, 4, T, T)
+        assert _max_diff(onnx_logits, logits) < 1e-5 * max(1.0, float(logits.abs().max())), T  # relative, as above
+        assert _max_diff(onnx_weights, torch.stack([w[0] for w in weights])) < 1e-5, T
+
+
+def test_attention_only_export_refuses_bad_models_and_sizes():
+    with pytest.raises(TypeError, match="model must be a selfattn.experiments.induction.AttentionOnly; got GPT"):
+        AttentionOnlyExport(_model())
+    with pytest.raises(TypeError, match="model must be a selfattn.models.gpt.GPT; got AttentionOnly"):
+        GPTExport(_attention_only())
+    with pytest.raises(TypeError, match="GPT or a selfattn.experiments.induction.AttentionOnly; got Linear"):
+        export_onnx(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="max_positions must be <= the AttentionOnly model's seq_len=32"):
+        AttentionOnlyExport(_attention_only(), max_positions=33)
+    assert AttentionOnlyExport(_attention_only(), max_positions=16).cos.shape == (16, 4)
+
+
+def test_token_alphabet_maps_ids_to_characters_and_back():
+    assert ALPHABET.chars == "abcdefghijklmnopqrstuvwxyz234567" and ALPHABET.vocab_size == 32
+    ids = torch.arange(32)
+    assert ALPHABET.decode(ids) == ALPHABET.chars and torch.equal(ALPHABET.encode(ALPHABET.chars), ids)
+    assert ALPHABET.encode("ba7").tolist() == [1, 0, 31] and ALPHABET.encode("ba7").dtype == torch.int64
+    assert TokenAlphabet(3, "xyz").decode([2, 0]) == "zx" and TokenAlphabet(4).chars == "abcd"
+    with pytest.raises(ValueError, match=r"outside the vocabulary: \['8', 'A'\]"):
+        ALPHABET.encode("aA8")
+    with pytest.raises(ValueError, match=r"ids must be in \[0, vocab_size=32\); got \[32\]"):
+        ALPHABET.decode([3, 32])
+    with pytest.raises(ValueError, match=r"vocab_size must be in 2 \.\. 32"):
+        TokenAlphabet(33)
+    with pytest.raises(ValueError, match="distinct printable characters, no whitespace"):
+        TokenAlphabet(3, "a a")
+    with pytest.raises(ValueError, match="distinct printable characters"):
+        TokenAlphabet(3, "aab")
+    with pytest.raises(TypeError, match="chars must be a str"):
+        TokenAlphabet(3, ["a", "b", "c"])
+
+
+PROMPTS32 = ["k3bqx7ma2fk3bqx7ma2f", "hello"]
+
+
+@pytest.fixture(scope="module")
+def induction_panel():
+    return LivePanel(_attention_only(), ALPHABET, PROMPTS32, max_new_tokens=8, check_new_tokens=8, count_from=0)
+
+
+def test_attention_only_panel_carries_the_models_values_and_no_long_probe(induction_panel):
+    panel = induction_panel
+    parser = _Scripts()
+    parser.feed(panel._repr_html_())
+    parser.blocks.pop("inline")
+    blocks = {k: json.loads(v) for k, v in parser.blocks.items()}
+    assert set(blocks) == {"selfattn-livemodel-config", "selfattn-livemodel-onnx", "selfattn-livemodel-expected"}
+    assert panel.long is None and panel.long_payload() is None  # no position past seq_len to probe
+    config = blocks["selfattn-livemodel-config"]
+    assert config["vocab"] == ALPHABET.chars and config["model"] == "AttentionOnly"
+    # prompts of up to 32 - 8 = 24 characters, so that the 8 new ones fit in the model's 32 positions
+    assert (config["block_size"], config["max_positions"], config["max_prompt"], config["max_new_tokens"]) == (32, 32, 24, 8)
+    assert (config["n_layers"], config["n_heads"], config["prompt"], config["count_from"]) == (2, 4, PROMPTS32[0], 0)
+    assert "Prompt (at most 24 characters)" in panel._repr_html_()
+    ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(base64.b64decode(blocks["selfattn-livemodel-onnx"]), providers=["CPUExecutionProvider"])
+    model = panel.model
+    for entry, prompt in zip(blocks["selfattn-livemodel-expected"], PROMPTS32, strict=True):
+        ids = ALPHABET.encode(prompt)[None]
+        T = ids.shape[1]
+        assert entry["ids"] == ids[0].tolist() and entry["T"] == T
+        with torch.no_grad():
+            logits, weights = model(ids, return_weights=True)
+        assert _max_diff(decode_float32(entry["logits"], (T, 32)), logits[0]) == 0.0
+        assert _max_diff(decode_float32(entry["weights"], (2, 4, T, T)), torch.stack([w[0] for w in weights])) == 0.0
+        # greedy continuation, recomputed here from the ONNX file the page runs, token by token
+        seq = ids[0].tolist()
+        for _ in range(8):
+            onnx_logits, _ = session.run(None, {"input_ids": np.asarray([seq], dtype=np.int64)})
+            seq.append(int(np.argmax(onnx_logits[0, -1])))
+        assert entry["greedy"] == {"n_new": 8, "text": ALPHABET.decode(seq[T:])}
+
+
+def test_attention_only_panel_refuses_what_does_not_fit():
+    model = _attention_only()
+    with pytest.raises(ValueError, match=r"prompts\[0\] must be a string of 1 to max_prompt=24 characters"):
+        LivePanel(model, ALPHABET, ["a" * 25], max_new_tokens=8, check_new_tokens=8)
+    with pytest.raises(ValueError, match="long_prompt must be None for an AttentionOnly model"):
+        LivePanel(model, ALPHABET, ["abc"], max_new_tokens=8, check_new_tokens=8, long_prompt="abc" * 4)
+    with pytest.raises(ValueError, match=r"need max_prompt \+ max_new_tokens <= max_positions"):
+        LivePanel(model, ALPHABET, ["abc"], max_new_tokens=8, check_new_tokens=8, max_prompt=30)
+    with pytest.raises(ValueError, match=r"max_prompt must be in 1 \.\. block_size=32"):
+        LivePanel(model, ALPHABET, ["abc"], max_new_tokens=8, check_new_tokens=8, max_prompt=0)
+    with pytest.raises(ValueError, match=r"tokenizer.vocab_size \(4\) must equal the model's vocab_size \(32\)"):
+        LivePanel(model, TokenAlphabet(4), ["abc"])
+    with pytest.raises(ValueError, match="count_from must be 0 or 1; got 2"):
+        LivePanel(model, ALPHABET, ["abc"], max_new_tokens=8, check_new_tokens=8, count_from=2)
+    with pytest.raises(ValueError, match=r"prompts\[0\] = 'aZ': .*outside the vocabulary"):
+        LivePanel(model, ALPHABET, ["aZ"], max_new_tokens=8, check_new_tokens=8)
