@@ -22,7 +22,11 @@ from selfattn import ref
 from selfattn.efficient import KVCache, cached_attention
 from selfattn.gqa import GQAConfig, GroupedQueryAttention
 from selfattn.inference import costs
-from selfattn.inference.decode_timing import CPU_QUERY_BLOCK, decode_step_counts, time_decode_step_sweep
+from selfattn.inference.decode_timing import (
+    CPU_QUERY_BLOCK,
+    decode_step_counts,
+    time_decode_step_sweep,
+)
 from selfattn.inference.paged import PagedKVCache, paged_attention
 from selfattn.inference.split_kv import chunk_boundaries, split_kv_attention
 from selfattn.models.gpt import GPT, GPTConfig
