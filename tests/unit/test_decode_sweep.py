@@ -106,3 +106,18 @@ def test_sweep_structure_on_a_small_cache():
 def test_sweep_rejects_bad_sizes(kwargs, match):
     with pytest.raises((TypeError, ValueError), match=match):
         time_decode_step_sweep(**kwargs)
+
+
+def test_sweep_keeps_each_call_to_one_pass_over_the_cache():
+    # PyTorch's CPU kernel reads K and V once per block of 32 queries: 8 x 4 = 32 queries per key/value
+    # head is one pass (allowed), 8 x 8 = 64 would be two passes, which the counted bytes would miss
+    with pytest.raises(ValueError, match="at most 32 queries"):
+        time_decode_step_sweep((1, 8), (1, 8), n_kv_heads=1, context_len=16, d_head=4, repeats=1)
+    sweep = time_decode_step_sweep((1, 8), (1, 4), n_kv_heads=1, context_len=16, d_head=4, repeats=1)
+    assert max(p.group_size * p.batch for p in sweep.batches) == 32
+
+
+def test_text_says_where_the_intensity_reaches_the_balance():
+    # intensity ~ B G / 2: a balance of 4.7 is reached at about 9.4 queries; the first measured point is 16
+    _, notes = decode_sweep_text(_sweep([0.010] * 4, [0.010] * 4), 4.7)
+    assert "about 9.4 queries" in notes and "first measured point above it has 16" in notes

@@ -212,7 +212,7 @@ def check_mean_ablation(fn):
                 return failed(_EX3, f"{at} {message}")
         return failed(_EX3, f"{at} the loss rises by {expected:.6f} nats; you returned {got:.6f}.")
     return passed(_EX3, "Ablated minus clean loss with the head's mean over the data set in place of its output: "
-                        "the head's effect, measured without pushing the layer off distribution as zeros would.")
+                        "the head's effect, measured with the layer pushed less far off distribution than zeros would push it.")
 
 
 @checker(_EX4)

@@ -34,7 +34,7 @@ from ..efficient import KVCache
 from ..models.gpt import GPT, GPTConfig
 
 __all__ = ["CAPSTONE_SIZES", "capstone_sized_gpt", "DecodeTiming", "time_decode", "decode_step_counts",
-           "DecodeStepPoint", "DecodeSweep", "time_decode_step_sweep", "decode_sweep_text"]
+           "DecodeStepPoint", "DecodeSweep", "CPU_QUERY_BLOCK", "time_decode_step_sweep", "decode_sweep_text"]
 
 #: The sizes of chapter 14's capstone model (notebooks/14_capstone_gpt.ipynb); its vocabulary is the
 #: 94 characters of the course's corpus.
@@ -267,6 +267,12 @@ class DecodeSweep:
     overhead_context: int = 16
 
 
+#: PyTorch's CPU flash kernel (``aten/src/ATen/native/cpu/FlashAttentionKernel.cpp``) splits the queries
+#: into blocks of 32 when a call has fewer than 192 of them, and streams all of K and V once per block. Up to
+#: this many queries per key/value head, one call reads the cache once, as :func:`decode_step_counts` counts.
+CPU_QUERY_BLOCK = 32
+
+
 def _decode_step_fn(n_kv_heads: int, group_size: int, batch: int, context_len: int, d_head: int,
                     k: torch.Tensor, v: torch.Tensor, generator: torch.Generator):
     # the B x G query heads of one key/value head attend to the same keys: fold them into the query axis
@@ -280,7 +286,7 @@ def _decode_step_fn(n_kv_heads: int, group_size: int, batch: int, context_len: i
 
 
 @torch.no_grad()
-def time_decode_step_sweep(group_sizes: Sequence[int] = (1, 2, 4, 8), batches: Sequence[int] = (1, 2, 4, 8, 16), *,
+def time_decode_step_sweep(group_sizes: Sequence[int] = (1, 2, 4, 8), batches: Sequence[int] = (1, 2, 4), *,
                            n_kv_heads: int = 8, context_len: int = 32768, d_head: int = 64, repeats: int = 5,
                            overhead_context: int = 16, seed: int = 0,
                            num_threads: int | None = None) -> DecodeSweep:
@@ -294,7 +300,13 @@ def time_decode_step_sweep(group_sizes: Sequence[int] = (1, 2, 4, 8), batches: S
     A last configuration, one query over ``overhead_context`` positions, measures what a call costs with
     almost nothing to do.
 
-    Raises: TypeError / ValueError: sizes not positive ints, empty or unsorted sweeps.
+    The largest group times the largest batch may not exceed :data:`CPU_QUERY_BLOCK` (32): the batch's
+    and group's queries are folded into one call's query axis, and PyTorch's CPU kernel reads K and V once
+    per block of 32 queries, so more queries would read the cache several times and the counted bytes
+    would be only a lower bound (exact only if one head's K and V stayed in the last-level cache).
+
+    Raises: TypeError / ValueError: sizes not positive ints, empty or unsorted sweeps, or more than
+    :data:`CPU_QUERY_BLOCK` queries per key/value head in one call.
     Source: Williams et al. 2009 (the roofline); chapter 11 (claim 25).
     """
     groups = [require_positive_int("group_sizes[i]", g) for g in group_sizes]
@@ -302,6 +314,11 @@ def time_decode_step_sweep(group_sizes: Sequence[int] = (1, 2, 4, 8), batches: S
     for name, values in (("group_sizes", groups), ("batches", sizes)):
         if len(values) < 2 or sorted(set(values)) != values:
             raise ValueError(f"{name} must be at least two increasing sizes; got {values}")
+    if groups[-1] * sizes[-1] > CPU_QUERY_BLOCK:
+        raise ValueError(f"group_sizes[-1] * batches[-1] must be at most {CPU_QUERY_BLOCK} queries per key/value head "
+                         f"(PyTorch's CPU kernel reads K and V once per block of {CPU_QUERY_BLOCK} queries, so more "
+                         f"would read the cache several times); got {groups[-1]} * {sizes[-1]} = "
+                         f"{groups[-1] * sizes[-1]}")
     H_kv, S, Dh = (require_positive_int(n, x) for n, x in
                    (("n_kv_heads", n_kv_heads), ("context_len", context_len), ("d_head", d_head)))
     repeats = require_positive_int("repeats", repeats)
@@ -403,8 +420,9 @@ def decode_sweep_text(sweep: DecodeSweep, balance: float, *, gpu_balance: float 
         cause = "The time grew with the arithmetic: on this run the arithmetic set the step's time."
     knee = [p for p in sweep.groups + sweep.batches[1:] if p.intensity >= balance]
     notes.append(f"This machine's measured balance is {balance:.2g} FLOP/byte (float32)"
-                 + (f"; the counted intensity reaches it at {knee[0].batch * knee[0].group_size} queries per "
-                    "key/value head." if knee else "; no point of the sweep reaches it."))
+                 + (f"; the counted intensity, about B G / 2, reaches it at about {2 * balance:.2g} queries per "
+                    f"key/value head, and the first measured point above it has {knee[0].batch * knee[0].group_size}."
+                    if knee else "; no point of the sweep reaches it."))
     notes.append(f"A call over a cache of {sweep.overhead_context} positions took {sweep.overhead_seconds * 1e3:.3f} ms; the step "
                  f"over the full cache at one query per key/value head took {first.seconds * 1e3:.1f} ms "
                  f"({sweep.threads} threads, {sweep.context_len:,} cached positions, {sweep.n_kv_heads} key/value "
