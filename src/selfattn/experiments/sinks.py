@@ -69,7 +69,8 @@ class SinkRun:
         seed, bos: the seed and the BOS id. model: the trained GPT (eval mode).
         sink_weight: (n_layers, H) float64, mean weight on position 0 of queries ``far ..``.
         uniform: the mean of 1 / (q + 1) over the same queries: an even spread's weight on position 0.
-        stream: ``{label: {(first, end): mean loss}}`` for ``"window W, no sink"``, ``"BOS + window W-1"`` (equal sizes).
+        stream: ``{label: {(first, end): mean loss}}`` for ``"window W, no sink"``, ``"BOS + window W-1"``
+            (equal sizes) and ``"BOS + window W"`` (one slot more), and ``"full cache (first T)"``.
         probe: ``{label: mean loss on the copy}``: ``"first copy"``, ``"full cache"`` and
             ``"window w, BOS kept"`` for each probe window.
         settings: sizes and steps; seconds: training and measuring times.
@@ -139,7 +140,10 @@ def stream_losses(model: GPT, ids: torch.Tensor, bos: int, *, window: int = 32, 
     ``"window W, no sink"``: the last W tokens; position p >= W has lost the BOS. ``"BOS + window
     W-1"``: the BOS kept in one slot and the last W - 1 tokens in the others (chapter 11's cache,
     positions renumbered in the cache): the same memory, as StreamingLLM compares (Xiao et al. 2023,
-    table 1: 4 + 1020 against 1024). Up to position W - 1 both hold the same tokens.
+    table 1: 4 + 1020 against 1024). Up to position W - 1 both hold the same tokens. And ``"BOS +
+    window W"`` (W + 1 slots, chapter 11's ``SlidingWindowCache(W, 1)``): the text of the window of W
+    and the BOS: one slot more than the others, one older token than ``"BOS + window W-1"``, and its
+    BOS one position further from every query.
     Returns ``{label: {(first, end): mean loss}}``, with ``"full cache (first T)"`` (T the training
     length) on the stretches that end by T: the model with all its context, as trained.
     """
@@ -149,7 +153,9 @@ def stream_losses(model: GPT, ids: torch.Tensor, bos: int, *, window: int = 32, 
     out = {f"full cache (first {T})": {(a, b): float(full[:, a:b].mean()) for a, b in stretches if b <= T}}
     if window < 2:
         raise ValueError(f"window must be at least 2 (one slot for the BOS, one for the text); got {window}")
-    for label, w, n_sinks in ((f"window {window}, no sink", window, 0), (f"BOS + window {window - 1}", window - 1, 1)):
+    settings = ((f"window {window}, no sink", window, 0), (f"BOS + window {window - 1}", window - 1, 1),
+                (f"BOS + window {window}", window, 1))
+    for label, w, n_sinks in settings:
         curve = _streamed_losses(model, inputs, targets, make_caches(model, w, n_sinks))  # (B, N): W slots each
         out[label] = {(a, b): float(curve[:, a:b].mean()) for a, b in stretches}
     return out
