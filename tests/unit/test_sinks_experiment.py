@@ -34,6 +34,7 @@ def test_stream_losses_compares_caches_of_equal_size_and_one_slot_more():
     out = stream_losses(model, ids, vocab, window=4, n_streams=2, length=24, stretches=((0, 4), (4, 16), (16, 24)))
     assert set(out) == {"full cache (first 16)", "window 4, no sink", "BOS + window 3", "BOS + window 4"}
     no_sink, kept, wider = out["window 4, no sink"], out["BOS + window 3"], out["BOS + window 4"]
+    assert abs(wider[(0, 4)] - kept[(0, 4)]) < 1e-6  # 5 slots: nothing evicted before position 4 either
     assert all(np.isfinite(list(d.values())).all() for d in out.values())
     # 4 slots each: the same cache until the BOS is evicted, then different ones
     assert abs(no_sink[(0, 4)] - kept[(0, 4)]) < 1e-6 and abs(no_sink[(4, 16)] - kept[(4, 16)]) > 1e-4
