@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -243,19 +244,35 @@ def patch_residual(model, clean, corrupt, metric: Callable[[torch.Tensor], float
 
 
 @torch.no_grad()
-def patch_heads(model, clean, corrupt, metric: Callable[[torch.Tensor], float], *, heads=None) -> torch.Tensor:
-    """Restored fraction when one head's output (``attn.hook_z``, every position) is patched.
+def patch_heads(model, clean, corrupt, metric: Callable[[torch.Tensor], float], *, heads=None,
+                positions=None) -> torch.Tensor:
+    """Restored fraction when one head's output (``attn.hook_z``) is patched, at every position or some.
 
     ``heads=None``: each head alone -> (L, H). ``heads`` a list of (layer, head) pairs: all of them
     patched together -> a (1, 1) tensor (an empty list patches nothing: exactly 0).
+    ``positions=None`` patches every position; a sequence of ints patches only those positions
+    (e.g. every position but the changed token's, to see what a head moves to the others).
 
     Raises:
-        as :func:`patch_residual`; ValueError for a (layer, head) out of range.
+        as :func:`patch_residual`; ValueError for a (layer, head) out of range, or ``positions``
+        not a non-empty sequence of distinct ints in [0, T).
 
     Source: Wang et al. 2022 (patching head outputs); ARENA 1.2; chapter 15.
     """
     cache, run, *_ = _setup(model, clean, corrupt, metric)
     L, H = model.config.n_layers, model.config.n_heads
+    T = _inputs(clean, "clean")["input_ids"].shape[1]
+    if positions is None:
+        cols = slice(None)
+    else:
+        if isinstance(positions, (str, bytes)) or not hasattr(positions, "__len__") or len(positions) == 0:
+            raise ValueError(f"positions must be None or a non-empty sequence of ints in [0, {T}); got {positions!r}")
+        for t in positions:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < T:
+                raise ValueError(f"positions must hold ints in [0, {T}); got {t!r}")
+        if len(set(int(t) for t in positions)) != len(positions):
+            raise ValueError(f"positions must not repeat a position; got {list(positions)}")
+        cols = torch.tensor([int(t) for t in positions])
 
     def hooks_for(pairs):
         by_layer: dict[int, list[int]] = {}
@@ -269,7 +286,8 @@ def patch_heads(model, clean, corrupt, metric: Callable[[torch.Tensor], float], 
 
             def hook(x, n, hs=hs, name=name):
                 x = x.clone()
-                x[:, hs] = cache[name][:, hs]
+                for h in hs:  # (B, T, Dh) of head h, at the patched positions
+                    x[:, h, cols] = cache[name][:, h, cols]
                 return x
             hooks[name] = hook
         return hooks

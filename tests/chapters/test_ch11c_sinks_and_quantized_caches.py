@@ -59,17 +59,21 @@ def test_claim_38_a_model_trained_with_a_fixed_first_token_grows_a_sink(sink_run
         assert w.max() > 5 * run.uniform, (seed, w.max(), run.uniform)
 
 
-def test_claim_38_a_window_cache_that_evicts_the_sink_loses_one_that_keeps_it_does_not(sink_runs):
+def test_claim_38_a_window_cache_that_evicts_the_sink_loses_one_of_the_same_size_that_keeps_it_does_not(sink_runs):
     for seed, run in sink_runs.items():
         s = run.stream
-        no_sink, kept, full = s["window 32, no sink"], s["window 32, BOS kept"], s["full cache (first 64)"]
-        assert all(np.isfinite(list(d.values())).all() for d in (no_sink, kept, full))
+        no_sink, kept, full = s["window 32, no sink"], s["BOS + window 31"], s["full cache (first 64)"]
+        wider = s["BOS + window 32"]
+        assert all(np.isfinite(list(d.values())).all() for d in (no_sink, kept, full, wider))
         assert abs(no_sink[(0, 32)] - kept[(0, 32)]) < 1e-4  # the same cache until the BOS is evicted
-        # evicted: measured +0.28 (seed 0), +0.05 (seed 1) nats per token over positions 64-255
-        assert no_sink[(64, 256)] > kept[(64, 256)] + 0.03, seed
-        assert no_sink[(32, 64)] > kept[(32, 64)] + 0.05, seed
-        # kept: no worse than the full model on its own second half (measured -0.02, -0.13)
-        assert kept[(64, 256)] < full[(32, 64)] + 0.05, seed
+        # caches of equal size (32 slots), as StreamingLLM compares them:
+        # evicted: measured +0.72 (seed 0), +0.52 (seed 1) nats per token over positions 64-255
+        assert no_sink[(64, 256)] > kept[(64, 256)] + 0.3, seed
+        assert no_sink[(32, 64)] > kept[(32, 64)] + 0.3, seed  # measured +0.68, +0.61
+        # kept: no worse than the full cache on the same positions 32-63 (measured -0.26, -0.27)
+        assert kept[(32, 64)] < full[(32, 64)] - 0.1, seed
+        # one slot more, the BOS 32 back instead of 31: worse than the full cache there (measured +0.21, +0.24)
+        assert wider[(32, 64)] > full[(32, 64)] + 0.1, seed
 
 
 def test_claim_28_a_window_loses_an_answer_further_back_even_with_the_sink_kept(sink_runs):
@@ -88,6 +92,8 @@ def test_claim_39_a_quantized_cache_trades_bytes_for_a_measured_error(sink_runs)
     from selfattn.experiments.positions import validation_windows
     from selfattn.inference.quant_cache import (
         cache_bytes_per_token,
+        first_quantized_position,
+        mean_cache_bytes,
         quantized_losses,
         standard_schemes,
     )
@@ -100,25 +106,32 @@ def test_claim_39_a_quantized_cache_trades_bytes_for_a_measured_error(sink_runs)
     w_in, w_t = validation_windows(val_ids, 63, 32)
     inputs = torch.cat([torch.full((32, 1), run.bos), w_in], 1)
     targets = torch.cat([w_in[:, :1], w_t], 1)
+    first = first_quantized_position(schemes["KIVI 2-bit"][1])
+    assert first == 31  # before, a KIVI cache with G = R = 16 holds no quantized group
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        losses = quantized_losses(run.model, inputs, targets, schemes)
+        losses = quantized_losses(run.model, inputs, targets, schemes, first=first)
     finally:
         torch.set_num_threads(threads)
     inc = {k: losses[k] - losses["exact"] for k in schemes}
     assert np.isfinite(list(losses.values())).all()
+    # measured from position 31: fp16 -0.0001, int8 +0.0005, KIVI 4-bit +0.008, 2-bit +0.111
     assert abs(inc["fp16"]) < 1e-3 and abs(inc["int8 per token"]) < 0.01
-    assert inc["KIVI 2-bit"] > inc["KIVI 4-bit"] + 0.01 and inc["KIVI 2-bit"] > 0.02
-    b = {k: cache_bytes_per_token(s, 16, settings=st, n_tokens=64) if s == "kivi" else cache_bytes_per_token(s, 16)
-         for k, (s, st) in schemes.items()}
-    assert b["fp16"] > b["int8 per token"] > b["KIVI 4-bit"] > b["KIVI 2-bit"]
+    assert inc["KIVI 2-bit"] > inc["KIVI 4-bit"] + 0.05 and inc["KIVI 2-bit"] > 0.05
+    assert inc["2-bit, keys per token"] > inc["KIVI 2-bit"] + 0.02  # measured +0.164 against +0.111
+    long = {k: cache_bytes_per_token(s, 16, settings=st) for k, (s, st) in schemes.items()}
+    assert long["fp16"] > long["int8 per token"] > long["KIVI 4-bit"] > long["KIVI 2-bit"]  # 64, 36, 24, 16
+    # over the measured steps the exact residual counts: KIVI 2-bit 39.8 bytes against int8's 36
+    steps = {k: mean_cache_bytes(s, 16, settings=st, first=first, end=64) for k, (s, st) in schemes.items()}
+    assert steps["fp16"] > steps["KIVI 4-bit"] > steps["KIVI 2-bit"] > steps["int8 per token"]
 
 
 def test_claim_39_minilm_keys_per_channel_and_their_outlier_channels():
     from selfattn.data import load_corpus
     from selfattn.inference.quant_cache import (
         attention_error,
+        cache_bytes_per_token,
         channel_outlier_ratio,
         standard_schemes,
     )
@@ -135,9 +148,14 @@ def test_claim_39_minilm_keys_per_channel_and_their_outlier_channels():
         q, k, v = (split_heads(h @ W + bias, 12) for W, bias in ((a.W_Q, a.b_Q), (a.W_K, a.b_K), (a.W_V, a.b_V)))
         key_ratio.append(float(channel_outlier_ratio(k).median()))
         value_ratio.append(float(channel_outlier_ratio(v).median()))
+        assert k.shape[-2] == 256  # the passages fill max_length: the bytes below are this cache's
         for label, s in schemes.items():
             errors[label].append(attention_error(q, k, v, *s))
     E = {k: np.array(v) for k, v in errors.items()}
+    # the bytes the errors were measured at: the exact residual of R = 32 of the 256 tokens included
+    b = {k: cache_bytes_per_token(s, 32, settings=st, n_tokens=256) if s == "kivi" else cache_bytes_per_token(s, 32)
+         for k, (s, st) in schemes.items()}
+    assert (b["fp16"], b["int8 per token"], b["KIVI 4-bit"], b["KIVI 2-bit"]) == (128, 68, 51, 37)
     assert all(np.isfinite(e).all() for e in E.values())
     # bytes bought error: int8 < 4 bits < 2 bits in every layer (measured ~0.6 %, ~6 %, ~35 %)
     assert (E["int8 per token"] * 3 < E["KIVI 4-bit"]).all() and (E["KIVI 4-bit"] * 3 < E["KIVI 2-bit"]).all()

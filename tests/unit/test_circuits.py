@@ -214,3 +214,33 @@ def test_refusals():
         circuits.ov_circuit(model, 2, 0)
     with pytest.raises(TypeError, match="AttentionOnly"):
         circuits.ov_circuit(torch.nn.Linear(2, 2), 0, 0)
+
+
+def test_patch_heads_at_chosen_positions_leaves_the_changed_position_corrupted():
+    # one layer-0 head patched everywhere but the changed position: its output there stays corrupted,
+    # so a metric read at that position alone gets nothing from the patch in layer 0
+    model = _attn_only(True)
+    clean = torch.randint(16, (4, 12), generator=torch.Generator().manual_seed(3))
+    corrupt = clean.clone()
+    corrupt[:, 11] = (clean[:, 11] + 1) % 16
+
+    def metric(logits):
+        return float(logits[:, -1, 0].mean() - logits[:, -1, 1].mean())
+
+    everywhere = circuits.patch_heads(model, clean, corrupt, metric)
+    others = circuits.patch_heads(model, clean, corrupt, metric, positions=list(range(11)))
+    only = circuits.patch_heads(model, clean, corrupt, metric, positions=[11])
+    assert others.shape == (2, 2) and np.isfinite(others.numpy()).all()
+    # positions before the change are equal in both runs: patching them restores nothing
+    assert float(others.abs().max()) < 1e-6
+    np.testing.assert_allclose(only.numpy(), everywhere.numpy(), atol=1e-6)
+    assert float(everywhere.abs().max()) > 1e-3  # and patching the changed position does restore something
+    # with the change at 6, all heads patched at 6 .. 11 clean the stream the metric reads at 11 (as everywhere)
+    corrupt6 = clean.clone()
+    corrupt6[:, 6] = (clean[:, 6] + 1) % 16
+    together = circuits.patch_heads(model, clean, corrupt6, metric, heads=[(0, 0), (0, 1), (1, 0), (1, 1)],
+                                    positions=list(range(6, 12)))
+    assert abs(float(together) - 1.0) < 1e-5
+    for bad in ([], [12], [3, 3], "all"):
+        with pytest.raises(ValueError, match="positions"):
+            circuits.patch_heads(model, clean, corrupt, metric, positions=bad)

@@ -189,3 +189,27 @@ def test_refusals():
         model(torch.zeros(1, 21, dtype=torch.long))
     with pytest.raises(ValueError, match="earlier"):
         composition_scores(model, 1, 0)
+
+
+def test_scores_measured_during_training_leave_the_training_bit_identical():
+    # evaluating on a fixed batch every few steps must not change the random stream or the weights
+    from selfattn.experiments.induction import train_induction
+
+    config = InductionConfig(vocab_size=16, seq_len=20, span=5, d_model=16, n_heads=2, steps=30, batch_size=8)
+    plain = train_induction(config, seed=3)
+    watched = train_induction(config, seed=3, eval_every=10, eval_size=16)
+    assert plain.train_loss == watched.train_loss
+    for (name, a), (_, b) in zip(plain.model.state_dict().items(), watched.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    assert watched.eval_steps == [0, 10, 20, 30] and plain.eval_steps == []
+    assert watched.ind_scores.shape == (4, 2, 2) and watched.prev_scores.shape == (4, 2, 2)
+    assert torch.isfinite(watched.ind_scores).all()
+    assert float(watched.ind_scores.min()) >= 0 and float(watched.ind_scores.max()) <= 1
+    # the last evaluation is of the trained weights: the same scores as measuring them afterwards
+    batch = repeated_spans(16, config, torch.Generator().manual_seed(10_000 + 3))
+    with torch.no_grad():
+        _, weights = watched.model(batch.ids, return_weights=True)
+    torch.testing.assert_close(watched.ind_scores[-1], torch.stack([induction_scores(w, batch) for w in weights]),
+                               atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="eval_every"):
+        train_induction(config, eval_every=-1)

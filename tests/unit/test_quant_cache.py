@@ -125,3 +125,35 @@ def test_quantized_losses_are_finite_and_fp16_is_close_to_exact():
     g = torch.Generator().manual_seed(6)
     q, k, v = (torch.randn(1, 2, 8, 8, generator=g) for _ in range(3))
     assert attention_error(q, k, v, "int8 per token") < attention_error(q, k, v, "kivi", KiviSettings(2, 4, 0))
+
+
+def test_quantized_losses_from_the_first_quantized_position_leave_out_the_exact_steps():
+    # KIVI with G = R = 4 is exact while the cache holds fewer than R + G = 8 tokens: the positions
+    # 0 .. 6 read an exact cache, so their loss is the exact loss; averaging them in dilutes the error
+    from selfattn.inference.quant_cache import first_quantized_position, mean_cache_bytes
+
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(vocab_size=12, block_size=16, d_model=16, n_heads=2, n_layers=2, d_ff=32)).eval()
+    ids = torch.randint(0, 12, (3, 17), generator=torch.Generator().manual_seed(5))
+    schemes = {"KIVI 2-bit": standard_schemes(group_size=4, residual=4)["KIVI 2-bit"]}
+    s = schemes["KIVI 2-bit"][1]
+    f = first_quantized_position(s)
+    assert f == 7
+    head = quantized_losses(gpt, ids[:, :f + 1][:, :-1], ids[:, 1:f + 1], schemes)  # positions 0 .. 6 only
+    assert abs(head["KIVI 2-bit"] - head["exact"]) < 1e-6  # nothing quantized there
+    tail = quantized_losses(gpt, ids[:, :-1], ids[:, 1:], schemes, first=f)
+    whole = quantized_losses(gpt, ids[:, :-1], ids[:, 1:], schemes)
+    inc_tail, inc_whole = tail["KIVI 2-bit"] - tail["exact"], whole["KIVI 2-bit"] - whole["exact"]
+    assert np.isfinite([inc_tail, inc_whole]).all() and abs(inc_tail) > 1e-4
+    # the whole mean is the tail's, diluted by the f exact positions (per-position losses are means over rows)
+    assert inc_whole == pytest.approx(inc_tail * (16 - f) / 16, rel=1e-6)
+    # the bytes of those steps: caches of f + 1 .. 16 tokens; for T = 8, 4 quantized (12 B at Dh = 8) + 4 at fp16 (32 B)
+    q_bytes = cache_bytes_per_token("kivi", 8, settings=s)
+    assert q_bytes == 8 * 2 / 8 + 8 * 4 / 4 + 8 * 2 / 8 + 4 * 2
+    expected = np.mean([((n - 4) // 4 * 4 * q_bytes + (n - (n - 4) // 4 * 4) * 32) / n for n in range(f + 1, 17)])
+    assert mean_cache_bytes("kivi", 8, settings=s, first=f, end=16) == pytest.approx(expected, abs=1e-12)
+    assert mean_cache_bytes("int8 per token", 8, first=f, end=16) == 2 * 10
+    with pytest.raises(ValueError, match="first"):
+        quantized_losses(gpt, ids[:, :-1], ids[:, 1:], schemes, first=16)
+    with pytest.raises(ValueError, match="first"):
+        mean_cache_bytes("kivi", 8, settings=s, first=5, end=5)

@@ -85,4 +85,4 @@ def check_kivi_bytes(fn):
         if np.isclose(got, 8 * expected) or np.isclose(got, 2 * Dh * b + Dh * 4 / G + (Dh // G) * 4):
             return failed(_EX2, "Bits, not bytes: divide the b-bit integers by 8.")
         return failed(_EX2, f"For d_head={Dh}, {b} bits, G={G}: expected {expected:g} bytes, got {got}.")
-    return passed(_EX2, "Right: at 2 bits and G = 32 the scales and offsets are a quarter of the bytes.")
+    return passed(_EX2, "Right: for d_head = 128 at 2 bits and G = 32 the scales and offsets are 32 of the 96 bytes, a third.")

@@ -265,17 +265,32 @@ class InductionRun:
     model: AttentionOnly
     train_loss: list[float] = field(default_factory=list)
     seed: int = 0
+    #: with ``train_induction(..., eval_every=n)``: the steps (1-based, after the update) at which the
+    #: scores below were measured on one fixed batch, and each head's previous-token and induction
+    #: score there, (n_evals, L, H) float tensors; empty otherwise
+    eval_steps: list[int] = field(default_factory=list)
+    prev_scores: torch.Tensor | None = None
+    ind_scores: torch.Tensor | None = None
 
 
-def train_induction(config: InductionConfig = InductionConfig(), seed: int = 0) -> InductionRun:
+def train_induction(config: InductionConfig = InductionConfig(), seed: int = 0, *, eval_every: int = 0,
+                    eval_size: int = 256) -> InductionRun:
     """Train an :class:`AttentionOnly` model on :func:`repeated_spans` batches, next-token loss.
 
     ``torch.manual_seed(seed)`` fixes the initial weights, a generator seeded by ``seed`` the batches;
     Adam at ``config.lr`` after a linear warm-up, gradient clipping at norm 1. Runs on one CPU thread
     (restored afterwards), so the result does not depend on the machine's thread count or load.
 
+    With ``eval_every`` = n > 0, every n steps (and before the first) each head's
+    :func:`previous_token_scores` and :func:`induction_scores` are measured on one fixed batch of
+    ``eval_size`` sequences, drawn once from its own generator (seed ``10_000 + seed``), without
+    gradients: the training's random stream and the trained weights are those of ``eval_every=0``
+    (tested bit for bit). This is how Olsson et al. 2022 (section 4) date the phase change: the loss
+    bump and the induction score rising together.
+
     Raises:
-        TypeError / ValueError: ``config`` not an InductionConfig; ``seed`` not an int.
+        TypeError / ValueError: ``config`` not an InductionConfig; ``seed`` not an int; ``eval_every``
+        not an int >= 0 or ``eval_size`` not a positive int.
 
     Source: chapter 14.
     """
@@ -283,6 +298,9 @@ def train_induction(config: InductionConfig = InductionConfig(), seed: int = 0) 
         raise TypeError(f"config must be an InductionConfig; got {type(config).__name__}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int; got {seed!r}")
+    if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 0:
+        raise ValueError(f"eval_every must be an int >= 0 (0: no evaluation); got {eval_every!r}")
+    eval_size = require_positive_int("eval_size", eval_size)
     with one_thread(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AttentionOnly(config)
@@ -291,7 +309,19 @@ def train_induction(config: InductionConfig = InductionConfig(), seed: int = 0) 
         warmup = max(1, config.steps // 20)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
         run = InductionRun(model, seed=seed)
-        for _ in range(config.steps):
+        probe = repeated_spans(eval_size, config, torch.Generator().manual_seed(10_000 + seed)) if eval_every else None
+        prev, ind = [], []
+
+        def evaluate(step: int) -> None:  # no gradients, no random numbers: training is untouched
+            with torch.no_grad():
+                _, weights = model(probe.ids, return_weights=True)
+            run.eval_steps.append(step)
+            prev.append(torch.stack([previous_token_scores(w) for w in weights]))
+            ind.append(torch.stack([induction_scores(w, probe) for w in weights]))
+
+        if eval_every:
+            evaluate(0)
+        for step in range(config.steps):
             batch = repeated_spans(config.batch_size, config, generator)
             logits = model(batch.ids[:, :-1])  # (B, T - 1, V): predict token t + 1 from 0 .. t
             loss = nn.functional.cross_entropy(logits.reshape(-1, config.vocab_size), batch.ids[:, 1:].reshape(-1))
@@ -301,7 +331,11 @@ def train_induction(config: InductionConfig = InductionConfig(), seed: int = 0) 
             optimizer.step()
             schedule.step()
             run.train_loss.append(loss.item())
+            if eval_every and (step + 1) % eval_every == 0:
+                evaluate(step + 1)
         model.eval()
+        if eval_every:
+            run.prev_scores, run.ind_scores = torch.stack(prev), torch.stack(ind)  # (n_evals, L, H)
     return run
 
 

@@ -1,20 +1,25 @@
 """A sink grown by training: a small GPT with a fixed first token, and the window caches that keep or evict it.
 
-Chapter 11 measured StreamingLLM's window cache on chapter 08's RoPE model and found no sink to lose:
-that model is trained on windows cut anywhere in the text, so no token stands at the same place in
-every window. Xiao et al. 2023 (StreamingLLM, sections 3.1 and 3.3) explain sinks by the softmax: a head
-with nothing to read must still put its weight somewhere, and a token that every sequence starts
-with is the place a model learns to put it. :func:`train_with_bos` trains chapter 14's
+Chapter 11 measured StreamingLLM's window cache on chapter 08's RoPE model and found no sink to lose
+(that model's own finding). Xiao et al. 2023 (StreamingLLM, section 3.1) explain sinks by the softmax:
+a head with nothing to read must still put its weight somewhere, and the initial tokens, visible to
+almost every later token, are where models learn to put it, whatever those tokens are (their
+position, not their meaning, matters); section 3.3 finds that models trained without a dedicated
+sink token use several initial tokens as sinks, and one trained with a learnable sink token uses
+that one. Here every window starts with one fixed token, so the sink, if one grows, is one token
+to evict or keep. :func:`train_with_bos` trains chapter 14's
 :class:`~selfattn.models.gpt.GPT` on windows that all begin with one fixed token (``BOS``, an extra
 id ``vocab_size``); :func:`sink_experiment` then measures
 
 - the weight each head gives position 0 against an even spread (:func:`~selfattn.inference.streaming.sink_weights`);
 - the next-token loss on long streams read through chapter 11's
-  :class:`~selfattn.inference.streaming.SlidingWindowCache` with no sink (the BOS is evicted after
-  ``window`` tokens) and with one (the BOS kept);
-- a retrieval probe: a stretch of 32 held-out tokens written twice (half the training windows are
-  such copies, so the model learns to look the answer up 31 tokens back): the loss on the
-  copy, from the full cache and from windows shorter and longer than the distance to the answer.
+  :class:`~selfattn.inference.streaming.SlidingWindowCache` of one size, ``window`` slots, with no
+  sink (the BOS is evicted after ``window`` tokens) and with the BOS kept in one of them (a window
+  of ``window - 1``): StreamingLLM compares caches of equal size (e.g. 4 + 1020 against 1024);
+- a retrieval probe: a stretch of 32 held-out tokens written twice (half the training windows hold
+  a stretch of 32 and its copy, cut to the window: 31 of the copy's tokens are inputs, so the model
+  learns to look the answer up 31 tokens back): the loss on the copy, from the full cache and from
+  windows shorter and longer than the distance to the answer.
 
 Introduced in chapter 11c (claims 38 and 28).
 """
@@ -39,9 +44,11 @@ def bos_batch(ids: torch.Tensor, n: int, length: int, bos: int, generator: torch
               repeat_share: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` training windows of ``length`` tokens, each starting with ``bos``, and their targets.
 
-    The first ``round(n * repeat_share)`` rows are BOS, a stretch of ``length // 2`` tokens of the
-    text and the same stretch again (a copy whose source lies ``length // 2`` tokens back); the rest
-    are BOS and plain text. Returns ``(inputs, targets)``, each (n, length) int64.
+    The first ``round(n * repeat_share)`` rows are BOS, a stretch of ``h = length // 2`` tokens of
+    the text and the same stretch again, cut to the window: the inputs are BOS, the h tokens and the
+    first ``length - h - 1`` of the copy (31 for length 64), the targets run one token further (each
+    copy token ``h`` positions after its source, read ``h - 1`` back from the query before it); the rest
+    are BOS and ``length - 1`` tokens of plain text. Returns ``(inputs, targets)``, each (n, length) int64.
     """
     half = length // 2
     starts = torch.randint(0, ids.numel() - length - 1, (n,), generator=generator).tolist()
@@ -62,7 +69,8 @@ class SinkRun:
         seed, bos: the seed and the BOS id. model: the trained GPT (eval mode).
         sink_weight: (n_layers, H) float64, mean weight on position 0 of queries ``far ..``.
         uniform: the mean of 1 / (q + 1) over the same queries: an even spread's weight on position 0.
-        stream: ``{label: {(first, end): mean loss}}`` for ``"window W, no sink"``, ``"window W, BOS kept"``.
+        stream: ``{label: {(first, end): mean loss}}`` for ``"window W, no sink"``, ``"BOS + window W-1"``
+            (equal sizes) and ``"BOS + window W"`` (one slot more), and ``"full cache (first T)"``.
         probe: ``{label: mean loss on the copy}``: ``"first copy"``, ``"full cache"`` and
             ``"window w, BOS kept"`` for each probe window.
         settings: sizes and steps; seconds: training and measuring times.
@@ -127,19 +135,28 @@ def _streams(ids: torch.Tensor, n_streams: int, length: int, bos: int):
 @torch.no_grad()
 def stream_losses(model: GPT, ids: torch.Tensor, bos: int, *, window: int = 32, n_streams: int = 4,
                   length: int = 256, stretches=((0, 32), (32, 64), (64, 256))) -> dict:
-    """Teacher-forced loss, token by token, through window caches without and with the BOS kept.
+    """Teacher-forced loss, token by token, through two window caches of ``window`` slots each.
 
+    ``"window W, no sink"``: the last W tokens; position p >= W has lost the BOS. ``"BOS + window
+    W-1"``: the BOS kept in one slot and the last W - 1 tokens in the others (chapter 11's cache,
+    positions renumbered in the cache): the same memory, as StreamingLLM compares (Xiao et al. 2023,
+    table 1: 4 + 1020 against 1024). Up to position W - 1 both hold the same tokens. And ``"BOS +
+    window W"`` (W + 1 slots, chapter 11's ``SlidingWindowCache(W, 1)``): the text of the window of W
+    and the BOS: one slot more than the others, one older token than ``"BOS + window W-1"``, and its
+    BOS one position further from every query.
     Returns ``{label: {(first, end): mean loss}}``, with ``"full cache (first T)"`` (T the training
-    length) on the stretches that end by T: the model with all its context, as trained. Position
-    p >= ``window`` has lost the BOS
-    without sinks; with one sink the BOS stays (chapter 11's cache, positions renumbered in the cache).
+    length) on the stretches that end by T: the model with all its context, as trained.
     """
     inputs, targets = _streams(ids, n_streams, length, bos)
     T = model.config.block_size
     full = F.cross_entropy(model(inputs[:, :T]).transpose(1, 2), targets[:, :T], reduction="none")  # (B, T)
     out = {f"full cache (first {T})": {(a, b): float(full[:, a:b].mean()) for a, b in stretches if b <= T}}
-    for label, n_sinks in ((f"window {window}, no sink", 0), (f"window {window}, BOS kept", 1)):
-        curve = _streamed_losses(model, inputs, targets, make_caches(model, window, n_sinks))  # (B, N)
+    if window < 2:
+        raise ValueError(f"window must be at least 2 (one slot for the BOS, one for the text); got {window}")
+    settings = ((f"window {window}, no sink", window, 0), (f"BOS + window {window - 1}", window - 1, 1),
+                (f"BOS + window {window}", window, 1))
+    for label, w, n_sinks in settings:
+        curve = _streamed_losses(model, inputs, targets, make_caches(model, w, n_sinks))  # (B, N): W slots each
         out[label] = {(a, b): float(curve[:, a:b].mean()) for a, b in stretches}
     return out
 

@@ -37,7 +37,7 @@ from .streaming import SlidingWindowCache
 
 __all__ = ["quantize_groups", "int8_per_token", "KiviSettings", "kivi", "cache_bytes_per_token",
            "QuantizedCache", "channel_outlier_ratio", "SCHEMES", "standard_schemes", "quantized_kv",
-           "attention_error", "quantized_losses"]
+           "attention_error", "quantized_losses", "first_quantized_position", "mean_cache_bytes"]
 
 #: the schemes :class:`QuantizedCache` and :func:`cache_bytes_per_token` know
 SCHEMES = ("fp16", "int8 per token", "kivi")
@@ -290,22 +290,55 @@ def attention_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scheme: s
     return float((approx - exact).norm() / exact.norm())
 
 
+def first_quantized_position(settings: KiviSettings) -> int:
+    """The first query position whose KIVI cache holds a quantized group: ``R + G - 1`` (the cache then
+    holds ``R + G`` tokens, and :func:`kivi` quantizes ``n_q = G`` of them; before, it is exact)."""
+    return settings.residual + settings.group_size - 1
+
+
+def mean_cache_bytes(scheme: str, d_head: int, *, settings: KiviSettings | None = None, first: int = 0,
+                     end: int) -> float:
+    """The mean over decode steps ``p = first .. end - 1`` of the bytes per token (one head, keys and
+    values) of the cache the step reads, ``p + 1`` tokens long: :func:`cache_bytes_per_token` with
+    ``n_tokens = p + 1`` (KIVI's exact residual counted at fp16). These are the bytes a loss averaged
+    over the same positions was measured at.
+
+    Raises:
+        ValueError: not ``0 <= first < end``; as :func:`cache_bytes_per_token`.
+    """
+    if isinstance(first, bool) or not isinstance(first, int) or isinstance(end, bool) or not isinstance(end, int) \
+            or not 0 <= first < end:
+        raise ValueError(f"need ints 0 <= first < end; got first={first!r}, end={end!r}")
+    if scheme != "kivi":
+        return cache_bytes_per_token(scheme, d_head, settings=settings)
+    return sum(cache_bytes_per_token(scheme, d_head, settings=settings, n_tokens=p + 1)
+               for p in range(first, end)) / (end - first)
+
+
 @torch.no_grad()
-def quantized_losses(model, inputs: torch.Tensor, targets: torch.Tensor, schemes: dict) -> dict:
+def quantized_losses(model, inputs: torch.Tensor, targets: torch.Tensor, schemes: dict, *, first: int = 0) -> dict:
     """Teacher-forced next-token loss (nats per token), token by token through a :class:`QuantizedCache` per layer.
 
     Args:
         model: a :class:`~selfattn.models.gpt.GPT`. inputs, targets: (B, N) ids.
         schemes: ``{label: (scheme, settings)}`` (:func:`standard_schemes`).
+        first: average over positions ``first .. N - 1`` only (default all). A KIVI cache is exact
+            before :func:`first_quantized_position`: averaging over those positions dilutes its
+            error; report the bytes of the same steps with :func:`mean_cache_bytes`.
 
     Returns:
-        ``{label: mean loss}``, plus ``"exact"``: the cache unquantized (float32).
+        ``{label: mean loss}``, plus ``"exact"``: the cache unquantized (float32), over the same positions.
+
+    Raises:
+        ValueError: ``first`` not an int in [0, N).
     """
     from .streaming import _streamed_losses, make_caches
 
-    out = {"exact": float(_streamed_losses(model, inputs, targets, make_caches(model, None)).mean())}
     N = inputs.shape[1]
+    if isinstance(first, bool) or not isinstance(first, int) or not 0 <= first < N:
+        raise ValueError(f"first must be an int in [0, {N}) (N = inputs.shape[1]); got {first!r}")
+    out = {"exact": float(_streamed_losses(model, inputs, targets, make_caches(model, None))[:, first:].mean())}
     for label, (scheme, settings) in schemes.items():
         caches = [QuantizedCache(scheme, settings, max_tokens=N) for _ in model.blocks]
-        out[label] = float(_streamed_losses(model, inputs, targets, caches).mean())
+        out[label] = float(_streamed_losses(model, inputs, targets, caches)[:, first:].mean())
     return out
