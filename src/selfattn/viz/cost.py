@@ -78,8 +78,8 @@ def scaling_figure(sizes, panels: dict[str, tuple[dict, str]]) -> go.Figure:
                                     "x": 0.0, "y": 1.18, "xanchor": "left", "showactive": True}],
                       margin={"t": 110})
     return describe(fig, "Log-log plots against sequence length; buttons switch between "
-                         f"{', '.join(panels)}. The legend gives each line's fitted slope: about 2 for the "
-                         "score matrix (quadratic), about 1 for the tiled path's memory (linear).")
+                         f"{', '.join(panels)}. The legend gives each line's fitted slope (2 means quadratic, 1 "
+                         "linear, 0 constant).")
 
 
 def tiles_data(scores, block_k: int) -> list[dict]:
