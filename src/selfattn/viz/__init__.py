@@ -398,6 +398,26 @@ _FIT_JS = """(function (el) {
         else upd[key + ".nticks"] = Math.max(2, Math.floor(all.filter(function (p) { return p.kind === x.kind; }).length / 2));
         continue;
       }
+      if (ticks.length === 2) {  // an x and a y tick label at a subplot's corner: the y labels step away from the axis
+        var yt = ticks.filter(function (p) { return p.kind.charAt(5) === "y"; })[0];
+        if (yt) {
+          var yax = axisName(yt.kind.slice(5));
+          var xax = axisName(ticks.filter(function (p) { return p !== yt; })[0].kind.slice(5));
+          if (!done[xax + ".ticklen"]) {  // the x labels step down: invisible outside ticks as long as the overlap
+            done[xax + ".ticklen"] = 1;
+            var fx = L[xax] || {};
+            if (fx.ticks !== "outside") { upd[xax + ".ticks"] = "outside"; upd[xax + ".tickcolor"] = "rgba(0,0,0,0)"; upd[xax + ".ticklen"] = d + 2; }
+            else upd[xax + ".ticklen"] = (fx.ticklen || 5) + d + 2;
+          }
+        }
+        continue;
+      }
+      var axtick = pair.filter(function (p) { return p.kind.indexOf("axistitle:") === 0; });
+      if (ticks.length === 1 && axtick.length === 1) {  // an axis title on tick labels: it steps away from its axis
+        var tax = axisName(axtick[0].kind.slice(10)), tkey = tax + ".title.standoff";
+        if (!done[tkey]) { done[tkey] = 1; upd[tkey] = (((L[tax] || {}).title || {}).standoff || 15) + d + 2; upd[tax + ".automargin"] = true; }
+        continue;
+      }
       var legend = pair.filter(function (p) { return p.kind === "legend"; });
       if (legend.length) { moveLegend = true; continue; }
       var anns = pair.filter(function (p) { return p.kind === "annotation"; });
@@ -409,20 +429,26 @@ _FIT_JS = """(function (el) {
         });
         continue;
       }
-      if (anns.length === 2 || (anns.length === 1 && pair.some(function (p) { return p.kind === "legend"; }))) {
-        // the later annotation (or the only one) moves: wrapped if wide, else down below the other text
-        var p = anns[anns.length - 1], other = p === x ? y : x;
-        var g = p.el.closest(".annotation"), k = g && +g.getAttribute("data-index"), a = (lay.annotations || [])[k];
-        var key = "annotations[" + k + "]";
-        if (!a || done[key]) continue;
-        done[key] = 1;
-        if (a.yref === "paper") {  // a subplot title: wrapped, else smaller; never moved into a plot
-          if (longest(a.text) > 12 && lines(a.text).length < 2) upd[key + ".text"] = wrap(a.text, Math.ceil(longest(a.text) / 2));
-          else upd[key + ".font.size"] = Math.max(10, ((a.font || {}).size || 16) - 2);
-        } else {
-          var below = other.r.bottom - p.r.top;
-          upd[key + ".yshift"] = (a.yshift || 0) - (Math.min(below, (p.r.bottom - p.r.top)) + 2);
-        }
+      if (anns.length) {
+        // Subplot titles (paper annotations): each wrapped, else smaller, else moved away from the other
+        // text; other annotations (labels in a plot) move below the text they cover.
+        anns.forEach(function (p) {
+          var other = p === x ? y : x;
+          var g = p.el.closest(".annotation"), k = g && +g.getAttribute("data-index"), a = (lay.annotations || [])[k];
+          var key = "annotations[" + k + "]";
+          if (!a || done[key] || (anns.length === 2 && p === x && a.yref !== "paper")) return;
+          done[key] = 1;
+          var size = (a.font || {}).size || ((L.annotations[k] || {}).font || {}).size || 12;
+          if (a.yref === "paper" && longest(a.text) > 12 && lines(a.text).length < 2) upd[key + ".text"] = wrap(a.text, Math.ceil(longest(a.text) / 2));
+          else if (a.yref === "paper" && size > 10) upd[key + ".font.size"] = Math.max(10, size - 2);
+          else if (a.yref === "paper") {
+            var up = (p.r.top + p.r.bottom) < (other.r.top + other.r.bottom);
+            var shared = Math.min(p.r.bottom, other.r.bottom) - Math.max(p.r.top, other.r.top);
+            upd[key + ".yshift"] = (a.yshift || 0) + (up ? 1 : -1) * (shared + 2);
+          } else {
+            upd[key + ".yshift"] = (a.yshift || 0) - (Math.min(other.r.bottom - p.r.top, p.r.bottom - p.r.top) + 2);
+          }
+        });
         continue;
       }
       var sl = pair.filter(function (p) { return p.kind === "slider"; });
