@@ -350,6 +350,17 @@ _FIT_JS = """(function (el) {
       }
     }
     // Button rows wider than the figure become dropdowns.
+    // A dropdown whose label is wider than the figure: its labels shortened with an ellipsis (the
+    // keyboard twin under the figure keeps them whole).
+    var cutMenu = all.filter(function (x) { return x.kind === "menu" && outside(x.r, box) > TOL; })[0];
+    if (cutMenu && !(lay.updatemenus || []).some(function (m) { return m.type === "buttons"; })) {
+      var mw = cutMenu.r.right - cutMenu.r.left, mspace = box.right - 40 - Math.max(cutMenu.r.left, box.left);
+      var keep = Math.max(8, Math.floor(words(cutMenu.el).length * mspace / mw) - 1);
+      menus = lay.updatemenus.map(function (m) {
+        return Object.assign({}, m, {buttons: (m.buttons || []).map(function (b) {
+          var t = String(b.label || "");
+          return t.length > keep ? Object.assign({}, b, {label: t.slice(0, keep - 1) + "…"}) : b; })}); });
+    }
     if (all.some(function (x) { return x.kind === "menu" && outside(x.r, box) > TOL; })
         && (lay.updatemenus || []).some(function (m) { return m.type === "buttons"; })) {
       // the whole list at once: plotly leaves a menu's old buttons drawn if only its type changes
@@ -470,11 +481,14 @@ _FIT_JS = """(function (el) {
     }
     if (moveLegend && !done.legend) {
       var lg = lay.legend || {};
+      var entries = all.filter(function (x) { return x.kind === "legend"; }).length;
       if (!(lg.orientation === "h" && lg.yref === "container")) {
         upd["legend.orientation"] = "h"; upd["legend.x"] = 0; upd["legend.xanchor"] = "left";
         upd["legend.yref"] = "container"; upd["legend.y"] = 0; upd["legend.yanchor"] = "bottom";
-        var entries = all.filter(function (x) { return x.kind === "legend"; }).length;
         upd.height = H + 22 * entries + 20;  // room for one entry a row, the plot keeps its height
+        upd["margin.b"] = L.margin.b + 22 * entries + 20;
+      } else {  // already below the plot and still over a text: more room under the plot
+        upd.height = H + 24; upd["margin.b"] = L.margin.b + 24;
       }
     }
     if (!Object.keys(upd).length && !restyles.length && !menus) return Promise.resolve();
