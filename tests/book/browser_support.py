@@ -228,7 +228,8 @@ FIGURE_TEXT_JS = """() => {
 
 
 # What a reader sees of a page's layout (test_reader.py's tests read it): the page's and the text
-# column's width, every figure, display equation, table, inline code and printed output box.
+# column's width, every figure, display equation, table, inline code and printed output box, and the
+# texts of every figure (FIGURE_TEXT_JS, under "figure_texts").
 MEASURE_JS = """() => {
   const article = document.querySelector('article.bd-article') || document.querySelector('main');
   const style = getComputedStyle(article);
