@@ -150,8 +150,86 @@ SETTLE_JS = """async () => {
 }"""
 
 
+# The texts of every plotly figure drawn on the page (issue 31, item 6): for each visible figure, its
+# title (layout's, else the text description) and the problems found:
+# - "cut": a text (title, axis or colour-bar title, tick label, annotation, legend entry, slider or
+#   menu label) or the legend's box that is not wholly inside the figure's drawing area (the SVG, which
+#   clips what lies outside it), by more than FIGURE_TEXT_TOLERANCE px;
+# - "overlap": two texts of the figure drawn over each other: their boxes, each the text's own box
+#   turned with it (tick labels at an angle), overlap by more than FIGURE_TEXT_TOLERANCE px across
+#   both axes of separation (separating-axis test on the two rectangles).
+# A legend entry scrolled out of its legend's box is not drawn and not counted.
+FIGURE_TEXT_TOLERANCE = 1  # px
+FIGURE_TEXT_JS = """() => {
+  const TOL = __TOL__;
+  const words = (e) => (e.textContent || '').trim().replace(/\\s+/g, ' ');
+  const kindOf = (t) => {
+    const c = t.getAttribute('class') || '', g = (t.parentElement && t.parentElement.getAttribute('class')) || '';
+    if (t.closest('.colorbar')) return t.closest('.cbtitle') ? 'colour-bar title' : 'colour-bar tick';
+    if (c === 'gtitle') return 'title';
+    if (c === 'legendtext') return 'legend entry';
+    if (c === 'legendtitletext') return 'legend title';
+    if (c === 'annotation-text') return 'annotation';
+    if (/^[xy][0-9]*title$/.test(c)) return 'axis title';
+    if (/(^| )[xy][0-9]*tick( |$)/.test(g)) return 'tick label';
+    if (c.startsWith('slider')) return 'slider label';
+    if (c.startsWith('updatemenu')) return 'menu label';
+    return null;
+  };
+  const corners = (t) => { const b = t.getBBox(), m = t.getScreenCTM();
+    return [[b.x, b.y], [b.x + b.width, b.y], [b.x + b.width, b.y + b.height], [b.x, b.y + b.height]]
+      .map(([x, y]) => [m.a * x + m.c * y + m.e, m.b * x + m.d * y + m.f]); };
+  const normals = (q) => [0, 1].map((i) => { const dx = q[i + 1][0] - q[i][0], dy = q[i + 1][1] - q[i][1], n = Math.hypot(dx, dy) || 1;
+    return [-dy / n, dx / n]; });
+  // Depth of overlap of two rectangles (corner lists): the smallest overlap of their projections on
+  // the four edge normals; <= 0 if they are apart.
+  const depth = (p, q) => Math.min(...normals(p).concat(normals(q)).map(([nx, ny]) => {
+    const a = p.map(([x, y]) => x * nx + y * ny), b = q.map(([x, y]) => x * nx + y * ny);
+    return Math.min(Math.max(...a), Math.max(...b)) - Math.max(Math.min(...a), Math.min(...b)); }));
+  const bounds = (q) => { const xs = q.map((c) => c[0]), ys = q.map((c) => c[1]);
+    return {left: Math.min(...xs), right: Math.max(...xs), top: Math.min(...ys), bottom: Math.max(...ys)}; };
+  const outside = (r, box) => Math.max(box.left - r.left, r.right - box.right, box.top - r.top, r.bottom - box.bottom);
+  const out = [];
+  document.querySelectorAll('.plotly-graph-div').forEach((d, index) => {
+    const paper = d.querySelector('.svg-container');
+    if (!paper || !d.getClientRects().length) return;  // not drawn, or in a folded box
+    const box = paper.getBoundingClientRect();
+    const t = d.layout && d.layout.title, fig = d.closest('.selfattn-figure');
+    const title = words({textContent: (t && (t.text !== undefined ? t.text : t)) || ''}).replace(/<[^>]+>/g, ' ').trim()
+      || (fig ? (fig.getAttribute('aria-label') || '') : '').slice(0, 80);
+    const legendBox = [...d.querySelectorAll('.legend > rect.bg')].map((r) => r.getBoundingClientRect());
+    const texts = [];
+    d.querySelectorAll('text').forEach((e) => {
+      const kind = kindOf(e), text = words(e);
+      if (!kind || !text || !e.getBoundingClientRect().width) return;
+      if (getComputedStyle(e).visibility === 'hidden' || e.closest('[display="none"], [style*="display: none"]')) return;
+      const q = corners(e), r = bounds(q);
+      if (kind.startsWith('legend') && legendBox.length && legendBox.every((l) => outside({left: (r.left + r.right) / 2,
+          right: (r.left + r.right) / 2, top: (r.top + r.bottom) / 2, bottom: (r.top + r.bottom) / 2}, l) > 0)) return;  // scrolled away
+      texts.push({kind, text: text.slice(0, 60), q, r});
+    });
+    const problems = [];
+    for (const x of texts) {
+      const by = outside(x.r, box);
+      if (by > TOL) problems.push({what: 'cut', texts: [`${x.kind} "${x.text}"`], px: Math.round(by)});
+    }
+    legendBox.forEach((l) => { const by = outside(l, box);
+      if (by > TOL) problems.push({what: 'cut', texts: ['legend box'], px: Math.round(by)}); });
+    for (let a = 0; a < texts.length; a++) for (let b = a + 1; b < texts.length; b++) {
+      const x = texts[a], y = texts[b];
+      if (x.r.right < y.r.left || y.r.right < x.r.left || x.r.bottom < y.r.top || y.r.bottom < x.r.top) continue;
+      const by = depth(x.q, y.q);
+      if (by > TOL) problems.push({what: 'overlap', texts: [`${x.kind} "${x.text}"`, `${y.kind} "${y.text}"`], px: Math.round(by)});
+    }
+    out.push({index, title, width: Math.round(box.width), height: Math.round(box.height), texts: texts.length, problems});
+  });
+  return out;
+}""".replace("__TOL__", str(FIGURE_TEXT_TOLERANCE))
+
+
 # What a reader sees of a page's layout (test_reader.py's tests read it): the page's and the text
-# column's width, every figure, display equation, table, inline code and printed output box.
+# column's width, every figure, display equation, table, inline code and printed output box, and the
+# texts of every figure (FIGURE_TEXT_JS, under "figure_texts").
 MEASURE_JS = """() => {
   const article = document.querySelector('article.bd-article') || document.querySelector('main');
   const style = getComputedStyle(article);
@@ -188,7 +266,7 @@ MEASURE_JS = """() => {
                   const wide = lines.find((l) => canvas.measureText(l).width > room + 1) || lines[0];
                   return {scroll: p.scrollWidth, client: p.clientWidth, line: wide.slice(0, 70)}; });
   return {scroll_width: document.scrollingElement.scrollWidth, inner_width: window.innerWidth,
-          column: [left, right], figures, equations, tables, code, outputs};
+          column: [left, right], figures, equations, tables, code, outputs, figure_texts: (""" + FIGURE_TEXT_JS + """)()};
 }"""
 
 

@@ -3,6 +3,8 @@
 - Nothing makes the page scroll sideways; figures, tables, display equations (on a desktop) and
   inline code (long test names, the Colab address) fit the text column.
 - No plotly control is drawn over a figure's legend; plotly logs no warning in the console.
+- Every figure's texts (title, legend, axis and colour-bar titles, tick labels, annotations, slider and
+  menu labels) lie inside the figure and none is drawn over another (issue 31, item 6).
 - Exercises: no answer and no "correct" feedback is visible before a click; a hint comes before
   every solution; the solution toggle says what chapter 00 tells the reader to click; clicking opens
   the hint, then the solution and its feedback. Feedback shows code, not backticks.
@@ -22,6 +24,7 @@ import re
 import pytest
 
 from .browser_support import (
+    FIGURE_TEXT_TOLERANCE,
     MEASURE_JS,
     SETTLE_JS,
     chapter_pages,
@@ -115,6 +118,23 @@ def test_printed_output_fits_the_text_column(reader_visits, page, width):
     wide = [(o["scroll"], o["client"], o["line"]) for o in r["outputs"]]
     assert wide == [], (f"{page} at {width} px: {len(wide)} output boxes wider than the column "
                         f"(text width, box width, first line that does not fit): {wide[:5]}")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("page", CHAPTERS, ids=page_id)
+def test_figure_texts_are_inside_the_figure_and_apart(reader_visits, page, width):
+    """Issue 31: at 1280 and 390 px no figure's title, legend or label is cut off at the figure's edge
+    (plotly's SVG clips it) and no two of its texts are drawn over each other: their boxes (each turned
+    with its text) overlap by at most FIGURE_TEXT_TOLERANCE px (browser_support.FIGURE_TEXT_JS). Found
+    on main's build: e.g. 24 titles cut at 390 px, the colour-bar title over the top tick of every
+    attention heatmap, chapter 08's shift-matrix colour bar over the error panel's ticks, chapter 11's
+    "logical block" under "the physical pool"."""
+    figures = reader_visits(page, width)["figure_texts"]
+    assert figures and all(f["texts"] >= 1 for f in figures), f"{page} at {width} px: no figure's texts measured: {figures[:3]}"
+    found = [f"figure {f['index']} ({f['title'][:70]!r}): {p['what']} by {p['px']} px: {' / '.join(p['texts'])}"
+             for f in figures for p in f["problems"]]
+    assert found == [], (f"{page} at {width} px: {len(found)} figure texts cut off or drawn over each other "
+                         f"(tolerance {FIGURE_TEXT_TOLERANCE} px):\n" + "\n".join(found[:25]))
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)

@@ -159,3 +159,23 @@ def test_with_lab_notes_folds_the_notes_in_a_details_box():
     assert with_lab_notes("main", "  ") == "main"
     with pytest.raises(TypeError, match="notes must be a str"):
         with_lab_notes("main", None)
+
+
+def test_colour_bar_titles_are_set_along_the_bar_unless_a_side_is_chosen():
+    """Issue 31: above the bar (plotly's default side) a colour bar's title is drawn over its top tick label."""
+    fig = go.Figure([go.Heatmap(z=[[0.0, 1.0]], colorbar={"title": "weight"}),
+                     go.Heatmap(z=[[0.0, 1.0]], colorbar={"title": {"text": "M", "side": "top"}}),
+                     go.Heatmap(z=[[0.0, 1.0]]), go.Scatter(x=[0, 1], y=[1, 2])])
+    data = _bundle(fig)[PLOTLY_MIME]["data"]
+    assert data[0]["colorbar"]["title"] == {"text": "weight", "side": "right"}
+    assert data[1]["colorbar"]["title"] == {"text": "M", "side": "top"}
+    assert "colorbar" not in data[2] and "colorbar" not in data[3]
+    assert [d["z"] for d in data[:3]] == [[[0.0, 1.0]]] * 3  # the data are untouched
+    assert _spec_from_html(_bundle(fig)["text/html"])["data"] == data
+
+
+def test_the_figure_html_fits_the_figure_after_drawing_it():
+    """The renderer's fit-to-width pass (issue 31) runs after plotly draws and only through Plotly.relayout/restyle."""
+    markup = _bundle(_figure())["text/html"]
+    assert "window._selfattnFit(el)" in markup and "plotly_afterplot" in markup
+    assert "newPlot" not in viz._FIT_JS and "react(" not in viz._FIT_JS  # it never redraws the figure from scratch

@@ -176,7 +176,7 @@ class BookRenderer(MimetypeRenderer):
         fig = go.Figure(fig_dict, skip_invalid=True)
         div_id = f"selfattn-fig-{uuid.uuid4().hex[:12]}"
         description = figure_description(fig)
-        spec = {"data": fig_dict.get("data", []), "layout": fig_dict.get("layout", {}),
+        spec = {"data": _colorbar_titles_along_the_bar(fig_dict.get("data", [])), "layout": fig_dict.get("layout", {}),
                 "frames": fig_dict.get("frames", [])}
         payload = pio.to_json(spec, validate=False).replace("</", "<\\/")  # no early </script>
         label = html.escape(description or "interactive figure", quote=True)
@@ -201,7 +201,8 @@ class BookRenderer(MimetypeRenderer):
     if (window.Plotly) {{
       window.Plotly.newPlot(el, spec.data, spec.layout, config).then(function () {{
         if (spec.frames && spec.frames.length) {{ return window.Plotly.addFrames(el, spec.frames); }}
-      }}).then(function () {{ {_CONTROLS_JS}(el); }});
+      }}).then(function () {{ {_CONTROLS_JS}(el); window._selfattnFit = window._selfattnFit || {_FIT_JS};
+        return window._selfattnFit(el); }});
     }} else if (tries < (window._selfattnPlotlyRequested ? 12000 : 200)) {{
       setTimeout(function () {{ draw(tries + 1); }}, 50);
     }} else {{
@@ -217,6 +218,301 @@ class BookRenderer(MimetypeRenderer):
             "text/html": markup,
         }
 
+
+def _colorbar_titles_along_the_bar(data: list) -> list:
+    """The traces, each colour bar's title set along the bar (``side="right"``) unless the figure
+    chose a side: above the bar (plotly's default) it is drawn over the bar's top tick label
+    (issue 31: "weight" over "1" on every attention heatmap). Only the colour bar's layout changes."""
+    out = []
+    for trace in data:
+        bar = trace.get("colorbar") if isinstance(trace, dict) else None
+        title = bar.get("title") if isinstance(bar, dict) else None
+        if title is not None:
+            title = {"text": title} if isinstance(title, str) else dict(title)
+            if title.get("text") and "side" not in title:
+                trace = {**trace, "colorbar": {**bar, "title": {**title, "side": "right"}}}
+        out.append(trace)
+    return out
+
+
+# After a figure is drawn (and after each redraw: a view or a step can bring a longer title), the
+# renderer fits it to the width it got, most of all on a phone (issue 31: titles, legends and menus
+# cut at 390 px, labels drawn over each other). It measures the texts plotly drew, as the book's test
+# does (tests/book/browser_support.py, FIGURE_TEXT_JS), and changes only the layout: a title or axis
+# title wider than the figure is wrapped at spaces (the top margin grows by its extra lines), a row
+# of buttons wider than the figure becomes a dropdown, a legend cut off or drawn over other text goes
+# below the plot (the figure grows by its rows), crowded tick labels of one axis get room (category
+# labels upright, then a smaller font, then every other tick; log axes: fewer digits between powers
+# of ten), an annotation drawn over another moves below it (side-by-side subplot titles wrap), a
+# slider drawn over the axis title moves down. At most seven rounds of changes, then it stops.
+_FIT_JS = """(function (el) {
+  // Fit a drawn figure to the width it got (issue 31): wrap a title or an axis title wider than the
+  // figure, turn a row of buttons wider than the figure into a dropdown, move a legend that is cut
+  // or drawn over other text below the plot, give crowded tick labels room (upright, smaller, fewer
+  // log digits), move an annotation off another text, slider labels off the axis title. Runs after
+  // each redraw (a view or a step can bring a new title), until nothing is left to do (6 rounds at most).
+  var P = window.Plotly;
+  if (!P || !el || !el._fullLayout) return Promise.resolve();
+  var TOL = 1;
+  var words = function (e) { return (e.textContent || "").trim().replace(/\\s+/g, " "); };
+  function kindOf(t) {
+    var c = t.getAttribute("class") || "", g = (t.parentNode && t.parentNode.getAttribute && t.parentNode.getAttribute("class")) || "";
+    if (t.closest(".colorbar")) return t.closest(".cbtitle") ? "cbtitle" : "cbtick";
+    if (c === "gtitle") return "title";
+    if (c === "legendtext" || c === "legendtitletext") return "legend";
+    if (c === "annotation-text") return "annotation";
+    var m = /^([xy][0-9]*)title$/.exec(c);
+    if (m) return "axistitle:" + m[1];
+    m = /(?:^| )([xy][0-9]*)tick(?: |$)/.exec(g);
+    if (m) return "tick:" + m[1];
+    if (c.indexOf("slider") === 0) return "slider";
+    if (c.indexOf("updatemenu") === 0) return "menu";
+    return null;
+  }
+  function corners(t) {
+    var b = t.getBBox(), m = t.getScreenCTM();
+    return [[b.x, b.y], [b.x + b.width, b.y], [b.x + b.width, b.y + b.height], [b.x, b.y + b.height]]
+      .map(function (p) { return [m.a * p[0] + m.c * p[1] + m.e, m.b * p[0] + m.d * p[1] + m.f]; });
+  }
+  function normals(q) {
+    return [0, 1].map(function (i) { var dx = q[i + 1][0] - q[i][0], dy = q[i + 1][1] - q[i][1], n = Math.hypot(dx, dy) || 1; return [-dy / n, dx / n]; });
+  }
+  function depth(p, q) {
+    return Math.min.apply(null, normals(p).concat(normals(q)).map(function (n) {
+      var a = p.map(function (c) { return c[0] * n[0] + c[1] * n[1]; }), b = q.map(function (c) { return c[0] * n[0] + c[1] * n[1]; });
+      return Math.min(Math.max.apply(null, a), Math.max.apply(null, b)) - Math.max(Math.min.apply(null, a), Math.min.apply(null, b));
+    }));
+  }
+  function bounds(q) {
+    var xs = q.map(function (c) { return c[0]; }), ys = q.map(function (c) { return c[1]; });
+    return {left: Math.min.apply(null, xs), right: Math.max.apply(null, xs), top: Math.min.apply(null, ys), bottom: Math.max.apply(null, ys)};
+  }
+  function outside(r, box) { return Math.max(box.left - r.left, r.right - box.right, box.top - r.top, r.bottom - box.bottom); }
+  function texts() {
+    var out = [];
+    el.querySelectorAll("text").forEach(function (e) {
+      var kind = kindOf(e);
+      if (!kind || !words(e) || !e.getBoundingClientRect().width) return;
+      var q = corners(e);
+      out.push({kind: kind, el: e, q: q, r: bounds(q)});
+    });
+    return out;
+  }
+  // Break `text` (plotly's <br> kept) into lines of at most `chars` characters, at spaces.
+  function wrap(text, chars) {
+    return String(text).split(/<br\\s*\\/?>/i).map(function (line) {
+      var out = [], cur = "";
+      line.split(" ").forEach(function (w) {
+        if (cur && (cur + " " + w).length > chars) { out.push(cur); cur = w; } else { cur = cur ? cur + " " + w : w; }
+      });
+      out.push(cur);
+      return out.join("<br>");
+    }).join("<br>");
+  }
+  function lines(text) { return String(text || "").split(/<br\\s*\\/?>/i); }
+  function longest(text) { return Math.max.apply(null, lines(text).map(function (l) { return l.replace(/<[^>]+>/g, "").length; })); }
+  function titleText(t) { return t && (typeof t === "string" ? t : t.text); }
+  function axisName(id) { return id.charAt(0) + "axis" + id.slice(1); }
+
+  function round(n) {
+    if (n > 6) return Promise.resolve();
+    var L = el._fullLayout, lay = el.layout, W = L.width, H = L.height, upd = {}, restyles = [], menus = null;
+    var paper = el.querySelector(".svg-container");
+    if (!paper) return Promise.resolve();
+    var box = paper.getBoundingClientRect(), all = texts();
+    var room = W - 16;
+    // Colour-bar titles along the bar, not over its top tick.
+    (el.data || []).forEach(function (tr, i) {
+      var cb = tr.colorbar, t = cb && cb.title;
+      if (t && titleText(t) && !(typeof t === "object" && t.side)) {
+        restyles.push([{"colorbar.title.side": "right"}, [i]]);
+      }
+    });
+    // The title: wrapped to the figure's width, pinned to the top, the top margin grown by its extra lines.
+    var gt = all.filter(function (x) { return x.kind === "title"; })[0];
+    var title = titleText(lay.title);
+    if (gt && title) {
+      var w = gt.r.right - gt.r.left, size = (L.title.font && L.title.font.size) || 17;
+      var space = box.right - 6 - Math.max(gt.r.left, box.left + 6);
+      var under = all.filter(function (x) { return x !== gt && depth(gt.q, x.q) > TOL; })
+        .map(function (x) { return gt.r.bottom - x.r.top; });
+      if (w > space) {
+        var chars = Math.max(12, Math.floor(longest(title) * Math.min(1, 0.95 * space / w)));
+        var wrapped = wrap(title, chars);
+        upd["title.text"] = wrapped;
+        upd["margin.t"] = L.margin.t + (lines(wrapped).length - lines(title).length) * size * 1.3;
+      } else if (under.length) {
+        upd["margin.t"] = L.margin.t + Math.max.apply(null, under) + 4;
+      } else if (gt.r.top < box.top - TOL) {
+        var y = typeof L.title.y === "number" ? L.title.y : 1 - L.margin.t / 2 / H;
+        upd["title.y"] = y - (box.top - gt.r.top + 4) / H;
+        upd["margin.t"] = L.margin.t + (box.top - gt.r.top + 4);
+      }
+    }
+    // Button rows wider than the figure become dropdowns.
+    // A dropdown whose label is wider than the figure: its labels shortened with an ellipsis (the
+    // keyboard twin under the figure keeps them whole).
+    var cutMenu = all.filter(function (x) { return x.kind === "menu" && outside(x.r, box) > TOL; })[0];
+    if (cutMenu && !(lay.updatemenus || []).some(function (m) { return m.type === "buttons"; })) {
+      var mw = cutMenu.r.right - cutMenu.r.left, mspace = box.right - 40 - Math.max(cutMenu.r.left, box.left);
+      var keep = Math.max(8, Math.floor(words(cutMenu.el).length * mspace / mw) - 1);
+      menus = lay.updatemenus.map(function (m) {
+        return Object.assign({}, m, {buttons: (m.buttons || []).map(function (b) {
+          var t = String(b.label || "");
+          return t.length > keep ? Object.assign({}, b, {label: t.slice(0, keep - 1) + "…"}) : b; })}); });
+    }
+    if (all.some(function (x) { return x.kind === "menu" && outside(x.r, box) > TOL; })
+        && (lay.updatemenus || []).some(function (m) { return m.type === "buttons"; })) {
+      // the whole list at once: plotly leaves a menu's old buttons drawn if only its type changes
+      menus = lay.updatemenus.map(function (m) {
+        return m.type === "buttons" ? Object.assign({}, m, {type: "dropdown", direction: "down"}) : m; });
+    }
+    // Tick labels of one axis over each other, axis titles wider than the figure or over each other,
+    // annotations over other text, the legend cut or over other text, slider labels over text.
+    var moveLegend = false, done = {};
+    all.forEach(function (x) {
+      if ((x.kind === "legend") && outside(x.r, box) > TOL) {
+        var lgd = lay.legend || {}, tr = x.el.closest(".traces"), datum = tr && tr.__data__ && tr.__data__[0] && tr.__data__[0].trace;
+        if (lgd.orientation === "h" && lgd.yref === "container" && datum && typeof datum.index === "number" && longest(datum.name) > 12) {
+          restyles.push([{name: wrap(datum.name, Math.ceil(longest(datum.name) / 2))}, [datum.index]]);
+        } else moveLegend = true;
+      }
+      if (x.kind.indexOf("axistitle:") === 0 && outside(x.r, box) > TOL) {
+        var ax = axisName(x.kind.slice(10)), t = titleText((lay[ax] || {}).title) || "";
+        if (t && !done[ax + ".title.text"]) { upd[ax + ".title.text"] = wrap(t, Math.max(8, Math.ceil(longest(t) / 2))); done[ax + ".title.text"] = 1; }
+      }
+      if (x.kind === "annotation" && outside(x.r, box) > TOL) {
+        var g = x.el.closest(".annotation"), k = g && +g.getAttribute("data-index"), a = (lay.annotations || [])[k];
+        if (a) {
+          var cut = outside(x.r, box), key = "annotations[" + k + "]";
+          if (longest(a.text) > 12 && lines(a.text).length < 3) upd[key + ".text"] = wrap(a.text, Math.ceil(longest(a.text) / 2));
+          else if (x.r.right > box.right) upd[key + ".xshift"] = (a.xshift || 0) - cut;
+          else if (x.r.left < box.left) upd[key + ".xshift"] = (a.xshift || 0) + cut;
+        }
+      }
+    });
+    for (var i = 0; i < all.length; i++) for (var j = i + 1; j < all.length; j++) {
+      var x = all[i], y = all[j];
+      if (x.r.right < y.r.left || y.r.right < x.r.left || x.r.bottom < y.r.top || y.r.bottom < x.r.top) continue;
+      var d = depth(x.q, y.q);
+      if (d <= TOL) continue;
+      var pair = [x, y];
+      var ticks = pair.filter(function (p) { return p.kind.indexOf("tick:") === 0; });
+      if (ticks.length === 2 && x.kind === y.kind) {
+        var id = x.kind.slice(5), ax = axisName(id), full = L[ax] || {}, key = ax;
+        if (done[key]) continue;
+        done[key] = 1;
+        if (full.type === "log" && !(lay[ax] || {}).dtick && !(lay[ax] || {}).tickvals) upd[key + ".dtick"] = (full.dtick === "D2") ? 1 : "D2";
+        else if (id.charAt(0) === "x" && Math.abs((lay[ax] || {}).tickangle || 0) !== 90 && (full.type === "category" || full.type === "multicategory")) upd[key + ".tickangle"] = -90;
+        else if (((lay[ax] || {}).tickfont || {}).size === undefined || (lay[ax].tickfont.size > 9)) upd[key + ".tickfont.size"] = Math.max(9, ((full.tickfont || {}).size || 12) - 2);
+        else if (typeof (lay[ax] || {}).dtick === "number") upd[key + ".dtick"] = lay[ax].dtick * 2;
+        else upd[key + ".nticks"] = Math.max(2, Math.floor(all.filter(function (p) { return p.kind === x.kind; }).length / 2));
+        continue;
+      }
+      if (ticks.length === 2) {  // an x and a y tick label at a subplot's corner: the y labels step away from the axis
+        var yt = ticks.filter(function (p) { return p.kind.charAt(5) === "y"; })[0];
+        if (yt) {
+          var yax = axisName(yt.kind.slice(5));
+          var xax = axisName(ticks.filter(function (p) { return p !== yt; })[0].kind.slice(5));
+          if (!done[xax + ".ticklen"]) {  // the x labels step down: invisible outside ticks as long as the overlap
+            done[xax + ".ticklen"] = 1;
+            var fx = L[xax] || {};
+            if (fx.ticks !== "outside") { upd[xax + ".ticks"] = "outside"; upd[xax + ".tickcolor"] = "rgba(0,0,0,0)"; upd[xax + ".ticklen"] = d + 2; }
+            else upd[xax + ".ticklen"] = (fx.ticklen || 5) + d + 2;
+          }
+        }
+        continue;
+      }
+      var axtick = pair.filter(function (p) { return p.kind.indexOf("axistitle:") === 0; });
+      if (ticks.length === 1 && axtick.length === 1) {  // an axis title on tick labels: it steps away from its axis
+        var tax = axisName(axtick[0].kind.slice(10)), tkey = tax + ".title.standoff";
+        if (!done[tkey]) { done[tkey] = 1; upd[tkey] = (((L[tax] || {}).title || {}).standoff || 15) + d + 2; upd[tax + ".automargin"] = true; }
+        continue;
+      }
+      var legend = pair.filter(function (p) { return p.kind === "legend"; });
+      if (legend.length) { moveLegend = true; continue; }
+      var anns = pair.filter(function (p) { return p.kind === "annotation"; });
+      var axt = pair.filter(function (p) { return p.kind.indexOf("axistitle:") === 0; });
+      if (axt.length === 2) {
+        axt.forEach(function (p) {
+          var ax = axisName(p.kind.slice(10)), t = titleText((lay[ax] || {}).title) || "";
+          if (t && !done[ax + ".title.text"] && lines(t).length < 3) { upd[ax + ".title.text"] = wrap(t, Math.max(6, Math.ceil(longest(t) / 2))); done[ax + ".title.text"] = 1; }
+        });
+        continue;
+      }
+      if (anns.length) {
+        // Subplot titles (paper annotations): each wrapped, else smaller, else moved away from the other
+        // text; other annotations (labels in a plot) move below the text they cover.
+        anns.forEach(function (p) {
+          var other = p === x ? y : x;
+          var g = p.el.closest(".annotation"), k = g && +g.getAttribute("data-index"), a = (lay.annotations || [])[k];
+          var key = "annotations[" + k + "]";
+          if (!a || done[key] || (anns.length === 2 && p === x && a.yref !== "paper")) return;
+          done[key] = 1;
+          var size = (a.font || {}).size || ((L.annotations[k] || {}).font || {}).size || 12;
+          if (a.yref === "paper" && longest(a.text) > 12 && lines(a.text).length < 2) upd[key + ".text"] = wrap(a.text, Math.ceil(longest(a.text) / 2));
+          else if (a.yref === "paper" && size > 10) upd[key + ".font.size"] = Math.max(10, size - 2);
+          else if (a.yref === "paper") {
+            var up = (p.r.top + p.r.bottom) < (other.r.top + other.r.bottom);
+            var shared = Math.min(p.r.bottom, other.r.bottom) - Math.max(p.r.top, other.r.top);
+            upd[key + ".yshift"] = (a.yshift || 0) + (up ? 1 : -1) * (shared + 2);
+          } else {
+            upd[key + ".yshift"] = (a.yshift || 0) - (Math.min(other.r.bottom - p.r.top, p.r.bottom - p.r.top) + 2);
+          }
+        });
+        continue;
+      }
+      var sl = pair.filter(function (p) { return p.kind === "slider"; });
+      if (sl.length && !done.slider) {
+        done.slider = 1;
+        (lay.sliders || []).forEach(function (s, k) { upd["sliders[" + k + "].pad.t"] = ((s.pad || {}).t || 20) + d + 4; });
+        continue;
+      }
+      if (pair.some(function (p) { return p.kind === "title"; })) continue;  // handled with the title above
+    }
+    // The legend's box past the figure: the longest entry goes on two lines.
+    var lbg = el.querySelector(".legend > rect.bg");
+    if (lbg && outside(lbg.getBoundingClientRect(), box) > TOL && (lay.legend || {}).yref !== "container") moveLegend = true;
+    else if (lbg && outside(lbg.getBoundingClientRect(), box) > TOL) {
+      var widest = all.filter(function (x) { return x.kind === "legend"; }).sort(function (a, b) { return b.r.right - a.r.right; })[0];
+      var wt = widest && widest.el.closest(".traces"), wd = wt && wt.__data__ && wt.__data__[0] && wt.__data__[0].trace;
+      if (wd && typeof wd.index === "number" && longest(wd.name) > 12 && lines(wd.name).length < 3)
+        restyles.push([{name: wrap(wd.name, Math.ceil(longest(wd.name) / 2))}, [wd.index]]);
+    }
+    if (moveLegend && !done.legend) {
+      var lg = lay.legend || {};
+      var entries = all.filter(function (x) { return x.kind === "legend"; }).length;
+      if (!(lg.orientation === "h" && lg.yref === "container")) {
+        upd["legend.orientation"] = "h"; upd["legend.x"] = 0; upd["legend.xanchor"] = "left";
+        upd["legend.yref"] = "container"; upd["legend.y"] = 0; upd["legend.yanchor"] = "bottom";
+        upd.height = H + 22 * entries + 20;  // room for one entry a row, the plot keeps its height
+        upd["margin.b"] = L.margin.b + 22 * entries + 20;
+      } else {  // already below the plot and still over a text: more room under the plot
+        upd.height = H + 24; upd["margin.b"] = L.margin.b + 24;
+      }
+    }
+    if (!Object.keys(upd).length && !restyles.length && !menus) return Promise.resolve();
+    el._selfattnFitting = true;
+    // Menus: removed, then drawn again as dropdowns (plotly leaves a menu's buttons drawn if only its type changes).
+    var go = menus ? P.relayout(el, {updatemenus: []}).then(function () { return P.relayout(el, {updatemenus: menus}); }) : Promise.resolve();
+    go = restyles.reduce(function (done, r) { return done.then(function () { return P.restyle(el, r[0], r[1]); }); }, go);
+    return go.then(function () { return Object.keys(upd).length ? P.relayout(el, upd) : null; })
+      .then(function () { return round(n + 1); }, function () { return null; });
+  }
+  if (el._selfattnFitting) return Promise.resolve();
+  return round(0).then(function () {
+    el._selfattnFitting = false;
+    if (!el._selfattnFitHooked && el.on) {
+      el._selfattnFitHooked = true;
+      var again = null;
+      el.on("plotly_afterplot", function () {
+        if (el._selfattnFitting) return;
+        clearTimeout(again);
+        again = setTimeout(function () { window._selfattnFit && window._selfattnFit(el); }, 50);
+      });
+    }
+  });
+})"""
 
 # The expression the classic front ends evaluate in the kernel (a user expression: silent, no cell,
 # no history, no output in the notebook) to fetch plotly.js.

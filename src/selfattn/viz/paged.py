@@ -42,7 +42,7 @@ def block_table_figure(cache: PagedKVCache, seq_ids=None) -> go.Figure:
     sequence's last block). Source: chapter 11 (claim 27)."""
     data = block_table_data(cache, seq_ids)
     b, n_blocks = data["block_size"], data["n_blocks"]
-    fig = make_subplots(rows=2, cols=1, row_heights=[0.4, 0.6], vertical_spacing=0.16,
+    fig = make_subplots(rows=2, cols=1, row_heights=[0.4, 0.6], vertical_spacing=0.24,
                         subplot_titles=("block tables: logical block -> physical block", "the physical pool"))
     names = [str(s) for s in data["sequences"]]
     for i, (s, info) in enumerate(data["sequences"].items()):

@@ -688,7 +688,7 @@ def sinusoidal_shift_figure(d_model: int = 16, offsets: Sequence[int] = range(0,
     def traces(k: int) -> list:
         M, err = parts(k)
         return [go.Heatmap(z=np.round(M, 4).tolist(), colorscale=DIVERGING, zmid=0, zmin=-1, zmax=1,
-                           colorbar={"title": "M", "x": 0.44, "thickness": 12}, xaxis="x", yaxis="y",
+                           colorbar={"title": "M", "thickness": 12}, xaxis="x", yaxis="y",
                            hovertemplate="row %{y}, column %{x}: %{z:.3f}<extra></extra>"),
                 go.Bar(x=list(range(T)), y=[float(e) for e in err], marker={"color": "#0072B2"}, xaxis="x2", yaxis="y2",
                        name="max error", hovertemplate="p = %{x}: %{y:.1e}<extra></extra>")]  # fmt: skip
