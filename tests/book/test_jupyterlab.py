@@ -6,10 +6,11 @@ stored notebook in a real JupyterLab (served on 127.0.0.1, headless, in Chromium
 each hint's text is hidden until its summary is clicked, and that its body was rendered from
 Markdown (inline code as ``<code>``, no backticks, no ``:::``).
 
-JupyterLab is not a dependency of the package: set ``SELFATTN_JUPYTERLAB`` to a ``jupyter-lab``
-executable (e.g. ``python -m venv /tmp/lab && /tmp/lab/bin/pip install jupyterlab``, then
+JupyterLab is in the ``test`` extra (so CI runs this test); the test uses ``SELFATTN_JUPYTERLAB``
+if set, else the ``jupyter-lab`` next to ``sys.executable`` (the venv's bin), else the PATH's. Set
+``SELFATTN_JUPYTERLAB`` to a ``jupyter-lab`` executable (e.g. ``python -m venv /tmp/lab && /tmp/lab/bin/pip install jupyterlab``, then
 ``SELFATTN_JUPYTERLAB=/tmp/lab/bin/jupyter-lab``), or have ``jupyter-lab`` on the PATH; without one
-the test is skipped with that reason (also in CI: JupyterLab is not among the test extra's packages).
+the test is skipped with that reason.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -31,7 +33,8 @@ NOTEBOOK = ROOT / "notebooks" / "02_similarity_softmax.ipynb"
 
 
 def _jupyter_lab() -> str:
-    chosen = os.environ.get("SELFATTN_JUPYTERLAB") or shutil.which("jupyter-lab")
+    beside = Path(sys.executable).parent / "jupyter-lab"  # the venv's bin, where the test extra installs it
+    chosen = os.environ.get("SELFATTN_JUPYTERLAB") or (str(beside) if beside.is_file() else shutil.which("jupyter-lab"))
     if not chosen or not Path(chosen).is_file():
         pytest.skip("JupyterLab is not installed (set SELFATTN_JUPYTERLAB to a jupyter-lab executable)")
     return chosen
@@ -96,7 +99,7 @@ HINTS_JS = """() => [...document.querySelectorAll('.jp-MarkdownCell .jp-Rendered
   .map((r, i) => { r.setAttribute('data-test-hint', i);
     const d = r.querySelector('details');
     return {text: r.textContent, details: !!d, open: d ? d.open : null, summary: d && d.querySelector('summary') ? d.querySelector('summary').textContent.trim() : null,
-            code: d ? d.querySelectorAll('code').length : 0}; })"""
+            code: d ? d.querySelectorAll('code').length : 0, em: d ? d.querySelectorAll('em').length : 0}; })"""
 
 
 def test_hints_are_hidden_in_jupyterlab_until_clicked(browser, lab_url):
@@ -112,13 +115,14 @@ def test_hints_are_hidden_in_jupyterlab_until_clicked(browser, lab_url):
         tab.goto(f"{lab_url}/lab/tree/{NOTEBOOK.name}", wait_until="load", timeout=60000)
         tab.wait_for_selector(".jp-MarkdownCell .jp-RenderedMarkdown", state="attached", timeout=60000)
         # Rendered Markdown is filled in asynchronously: wait until every hint cell has been drawn.
-        tab.wait_for_function(f"() => {HINTS_JS}().length >= {len(hint_cells)}", timeout=60000)
+        tab.wait_for_function(f"() => ({HINTS_JS})().length >= {len(hint_cells)}", timeout=60000)
         hints = tab.evaluate(HINTS_JS)
         assert len(hints) == len(hint_cells), hints
         for i, h in enumerate(hints):
             assert "{dropdown}" not in h["text"] and ":::" not in h["text"], f"hint {i} is shown as MyST source: {h['text'][:120]}"
             assert h["details"] and h["open"] is False and h["summary"] == "Hint", f"hint {i} is not a closed <details>: {h}"
-            assert h["code"] >= 1 and "`" not in h["text"], f"hint {i}'s body is not rendered Markdown: {h['text'][:120]}"
+            assert h["code"] + h["em"] >= 1 and "`" not in h["text"] and "*" not in h["text"], (
+                f"hint {i}'s body is not rendered Markdown: {h['text'][:120]}")
             hint = tab.locator(f'[data-test-hint="{i}"] details')
             hint.scroll_into_view_if_needed()
             summary = hint.locator(":scope > summary")
@@ -129,5 +133,41 @@ def test_hints_are_hidden_in_jupyterlab_until_clicked(browser, lab_url):
             body.wait_for(state="visible", timeout=5000)
             words = body.inner_text().split()
             assert len(words) >= 5 and all(w in h["text"] for w in words[:5]), f"hint {i} after the click: {words}"
+    finally:
+        context.close()
+
+
+
+SOLUTIONS_JS = """(indices) => { const cells = [...document.querySelectorAll('.jp-Notebook .jp-Cell')];
+  return indices.map((i) => { const c = cells[i]; if (!c) return null; c.setAttribute('data-test-solution', i);
+    const ph = c.querySelector('.jp-InputPlaceholder');
+    return {code: c.classList.contains('jp-CodeCell'), placeholder: ph ? ph.textContent.trim() : null}; }); }"""
+
+
+def test_solutions_are_hidden_in_jupyterlab_until_clicked(browser, lab_url):
+    """Each solution cell's code is collapsed (jupyter.source_hidden, issue 27.3): JupyterLab draws a
+    one-line placeholder (the ``# @title`` line) instead of the code, and one click on it shows the code."""
+    stored = json.loads(NOTEBOOK.read_text())
+    solutions = [i for i, c in enumerate(stored["cells"]) if c["cell_type"] == "code" and "".join(c["source"]).startswith("# @title Solution")]
+    assert len(solutions) >= 2, "chapter 02 should hold two solutions"
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.route("**/*", lambda r: r.continue_() if r.request.url.startswith(lab_url) or r.request.url.startswith("data:") else r.abort())
+    try:
+        tab = context.new_page()
+        tab.goto(f"{lab_url}/lab/tree/{NOTEBOOK.name}", wait_until="load", timeout=60000)
+        tab.wait_for_function(f"() => document.querySelectorAll('.jp-Notebook .jp-Cell').length == {len(stored['cells'])}", timeout=60000)
+        found = tab.evaluate(SOLUTIONS_JS, solutions)
+        for i, f in zip(solutions, found, strict=True):
+            source = "".join(stored["cells"][i]["source"])
+            body = next(line for line in source.splitlines()[1:] if line.strip())  # the solution's first line of code
+            assert f and f["code"] and f["placeholder"] == source.splitlines()[0], f"cell {i}: no collapsed input: {f}"
+            cell = tab.locator(f'[data-test-solution="{i}"]')
+            cell.scroll_into_view_if_needed()
+            editor = cell.locator(".jp-InputArea .cm-content")
+            assert not editor.is_visible(), f"cell {i}: its code is visible before a click"
+            assert body.strip() not in cell.inner_text(), f"cell {i}: its code is visible before a click"
+            cell.locator(".jp-InputPlaceholder").click()
+            editor.wait_for(state="visible", timeout=5000)
+            assert body.strip() in editor.inner_text(), f"cell {i} after the click: {editor.inner_text()[:120]}"
     finally:
         context.close()

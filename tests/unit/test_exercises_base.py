@@ -146,7 +146,7 @@ def test_checker_does_not_swallow_bugs_in_the_check_itself():
         raise RuntimeError("bug in the check")
 
     with pytest.raises(RuntimeError, match="bug in the check"):
-        broken_check(lambda: None)
+        broken_check(lambda: 1)
 
 
 def test_call_learner_passes_arguments_and_returns_result():
@@ -203,5 +203,8 @@ def test_a_forgotten_return_is_named():
     # Regression: None became array(nan) and the feedback spoke of shapes or NaN instead.
     from selfattn.exercises import ch00
 
-    fb = ch00.check_dot_product(lambda a, b: None)
-    assert not fb.ok and "returned None" in fb.message and "forget `return`" in fb.message
+    def forgot_return(a, b):
+        total = (a * b).sum()  # noqa: F841 - computed, never returned
+
+    fb = ch00.check_dot_product(forgot_return)
+    assert not fb.ok and fb.attempted and "returned None" in fb.message and "forget `return`" in fb.message

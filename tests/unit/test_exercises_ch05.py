@@ -184,5 +184,8 @@ def test_mean_pool_stub_and_type():
         raise NotImplementedError
 
     assert not ch05.check_mean_pool(stub).attempted
-    fb = ch05.check_mean_pool(lambda H, keep: None)
+    def forgot_return(H, keep):
+        pooled = H.sum(1)  # noqa: F841 - computed, never returned
+
+    fb = ch05.check_mean_pool(forgot_return)
     assert not fb and "return" in fb.message

@@ -72,7 +72,7 @@ def test_stubs_are_not_attempted():
 
 def test_cache_size_mistakes_are_named():
     cases = {
-        "keys *and* values": lambda L, H, Hkv, Dh, b, n: L * Hkv * Dh * b * n,
+        "keys and values": lambda L, H, Hkv, Dh, b, n: L * Hkv * Dh * b * n,
         "counted every query head": lambda L, H, Hkv, Dh, b, n: 2 * L * H * Dh * b * n,
         "That is bits": lambda L, H, Hkv, Dh, b, n: 16 * L * Hkv * Dh * b * n,
         "size per token": lambda L, H, Hkv, Dh, b, n: 2 * L * Hkv * Dh * b,

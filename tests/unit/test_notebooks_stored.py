@@ -85,6 +85,11 @@ def test_anatomy(path):
         assert source.startswith("# @title Solution") and cell["metadata"].get("cellView") == "form"
         assert "hide-cell" in cell["metadata"].get("tags", []), f"{path.name} cell {i}: its feedback shows the answer"
         assert cell["metadata"].get("mystnb", {}).get("code_prompt_show") == SOLUTION_PROMPT
+        # JupyterLab, Notebook 7 and VS Code read neither the tag nor cellView: the nbformat-standard
+        # jupyter.source_hidden collapses the code there (issue 27.3); scripts/hide_solutions.py adds it.
+        assert cell["metadata"].get("jupyter") == {"source_hidden": True, "outputs_hidden": True}, (
+            f"{path.name} cell {i}: the solution shows in JupyterLab (run scripts/hide_solutions.py)"
+        )
         hint = "".join(cells[i - 1]["source"])
         assert cells[i - 1]["cell_type"] == "markdown" and hint.startswith(HINT_OPENING), (
             f"{path.name} cell {i}: no hint just before the solution"

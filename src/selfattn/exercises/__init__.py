@@ -118,10 +118,12 @@ def call_learner(exercise: str, fn: Callable, *args, **kwargs):
     """Call the learner's function; turn a missing or crashing answer into feedback.
 
     Returns the function's result. Raises ``_LearnerError`` carrying the Feedback; use it through
-    :func:`checker`.
+    :func:`checker`. A function whose body does nothing (:func:`is_empty_stub`) is not attempted yet.
     """
     if not callable(fn):
         raise _LearnerError(failed(exercise, f"Pass your function itself, not {type(fn).__name__}."))
+    if is_empty_stub(fn):  # `pass`, `...` or a docstring: not attempted yet, in every chapter alike
+        raise _LearnerError(not_attempted(exercise))
     try:
         result = fn(*args, **kwargs)
     except NotImplementedError:
@@ -217,6 +219,10 @@ def checker(exercise: str):
 
         def run(*args, **kwargs) -> Feedback:
             try:
+                # An empty body (`pass`, `...`, a docstring) in any function handed in: not attempted yet,
+                # for every check alike, also those that call the learner without call_learner.
+                if any(callable(a) and is_empty_stub(a) for a in (*args, *kwargs.values())):
+                    raise _LearnerError(not_attempted(exercise))
                 feedback = check(*args, **kwargs)
             except _LearnerError as err:
                 feedback = err.feedback

@@ -53,7 +53,7 @@ def check_linear_recurrent(fn):
     arr = to_numpy(got)
     if arr is not None and arr.shape == expected.shape and np.isfinite(arr).all():
         hints = [
-            (_linear(q, k, v, causal=False), "Row i uses keys after i: update the state and z *before* reading "
+            (_linear(q, k, v, causal=False), "Row i uses keys after i: update the state and z before reading "
                                              "them at step i, and only with keys 0..i (not the sums over all keys)."),
             (_linear(q, k, v, normalize=False), "You forgot the normalizer: divide phi(q_i) state_i by "
                                                 "phi(q_i) . z_i, the linear version of softmax's row sum."),

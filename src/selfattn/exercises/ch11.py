@@ -57,7 +57,7 @@ def check_kv_cache_bytes(fn):
         if got == expected:
             continue
         if got == expected // 2:
-            return failed(_EX1, "Half the right size: the cache holds keys *and* values, a factor 2.")
+            return failed(_EX1, "Half the right size: the cache holds keys and values, a factor 2.")
         if H != H_kv and got == expected // H_kv * H:
             return failed(_EX1, f"With n_heads={H} and n_kv_heads={H_kv} you counted every query head; "
                           "only the key/value heads are cached (grouped-query attention shares them).")
@@ -156,7 +156,7 @@ def check_top_p_keep(fn):
         excluding[order[np.cumsum(probs[order]) < p]] = True
         if np.array_equal(keep, excluding):
             return failed(_EX3, f"At p={p} you stopped before the token whose probability carries the sum "
-                          "past p, so the kept mass is below p: keep a token while the mass *before* it is below p.")
+                          "past p, so the kept mass is below p: keep a token while the mass before it is below p.")
         unsorted = np.cumsum(probs) - probs < p
         if np.array_equal(keep, unsorted):
             return failed(_EX3, "You summed the probabilities in vocabulary order; sort them, most probable first.")

@@ -71,7 +71,7 @@ def check_induction_score(fn):
         i = np.arange(L - 1)
         mistakes = (
             (_score(weights, L, 0), "You read the key at i, the earlier copy of the same token: that is a "
-                                    "duplicate-token score. An induction head attends to the token *after* it, i + 1."),
+                                    "duplicate-token score. An induction head attends to the token after it, i + 1."),
             (weights[:, :, L + i, L + i - 1].mean(axis=(0, 2)), "You read the key just before the query: that is a "
              "previous-token score. The induction key is i + 1, in the first copy."),
             (_score(weights, L, 2), "Off by one: the query at L + i holds token i; the key to read is i + 1, not i + 2."),
