@@ -175,13 +175,13 @@ def test_compare_arrays_wrong_shape():
 def test_compare_arrays_nan():
     got = np.array([0.5, np.nan, np.inf])
     fb = compare_arrays("x", got, np.zeros(3), what="The weights")
-    assert not fb and fb.message == "The weights contains NaN or inf (2 entries)."
+    assert not fb and fb.message == "The weights: NaN or inf in 2 entries."
 
 
 def test_compare_arrays_wrong_values_reports_the_largest_error():
     fb = compare_arrays("x", np.array([0.5, 0.6]), np.array([0.5, 0.5]), what="The weights")
     assert not fb
-    assert fb.message == "The weights has the right shape but wrong values (largest error 0.1)."
+    assert fb.message == "The weights: right shape, wrong values (largest error 0.1)."
 
 
 def test_compare_arrays_tolerance():
@@ -208,3 +208,29 @@ def test_a_forgotten_return_is_named():
 
     fb = ch00.check_dot_product(forgot_return)
     assert not fb.ok and fb.attempted and "returned None" in fb.message and "forget `return`" in fb.message
+
+
+def test_one_number_where_an_array_belongs_is_named_as_such():
+    # learner trial (issue 27): a returned NaN or float was reported as "got ()", a shape nobody wrote
+    fb = compare_arrays("x", float("nan"), np.zeros((2, 3)), what="The context")
+    assert not fb and fb.message == "The context should be an array of shape (2, 3); you returned one number, nan (float)."
+    fb = compare_arrays("x", torch.tensor(1.5), np.zeros(4), what="The context")
+    assert not fb and "you returned one number, 1.5 (Tensor)" in fb.message
+
+
+def test_no_feedback_text_carries_markdown_emphasis_the_box_would_print_literally():
+    # the feedback box shows plain text: *word* would print its asterisks (learner trial, issue 27)
+    import ast
+    import pathlib
+    import re
+
+    import selfattn.exercises as ex
+
+    emphasis = re.compile(r"(?<![\w*])\*[A-Za-z][^*\n]*[A-Za-z]\*(?![\w*])")
+    bad = []
+    for path in sorted(pathlib.Path(ex.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and emphasis.search(node.value):
+                if not (node.value.startswith(("``", "Source")) or "\n" in node.value.strip()):  # docstrings aside
+                    bad.append(f"{path.name}:{node.lineno}: {emphasis.search(node.value).group()}")
+    assert not bad, bad

@@ -222,7 +222,8 @@ def test_causal_tiles_solution_passes_and_mistakes_are_named():
         (full_only, "only the tiles with no masked pair"),
         (strict, "Off by one"),
         (floor_tiles, "ceil(T / block)"),
-        (lambda *a: solution_tiles(*a).astype(int), "boolean"),
+        (lambda *a: solution_tiles(*a).astype(int), "True for a tile the pass computes"),
+        (lambda *a: solution_tiles(*a).astype(int).tolist(), "convert with .astype(bool)"),  # a list of 0/1
         (lambda *a: 3, "2-D boolean array"),
     )
     for fn, words in cases:

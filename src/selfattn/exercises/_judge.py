@@ -21,9 +21,12 @@ def judge(exercise: str, got, expected: np.ndarray, mistakes, *, what: str, atol
     if arr is None:
         return failed(exercise, f"{what} should be an array or tensor; got {type(got).__name__}.")
     if arr.shape != expected.shape:
+        if arr.ndim == 0 and expected.ndim > 0:  # one number (a NaN, a float, a 0-d tensor) where an array belongs
+            return failed(exercise, f"{what} should be an array of shape {expected.shape}; you returned one number, "
+                                    f"{float(arr):.6g} ({type(got).__name__}).")
         return failed(exercise, f"{what} should have shape {expected.shape}; got {arr.shape}.")
     if not np.isfinite(arr).all():
-        return failed(exercise, f"{what} contains NaN or inf ({int((~np.isfinite(arr)).sum())} entries).")
+        return failed(exercise, f"{what}: NaN or inf in {int((~np.isfinite(arr)).sum())} entries.")
     if np.allclose(arr, expected, atol=atol, rtol=0):
         return passed(exercise, right)
     for wrong, words in mistakes:
@@ -34,4 +37,4 @@ def judge(exercise: str, got, expected: np.ndarray, mistakes, *, what: str, atol
         if value.shape == arr.shape and np.isfinite(value).all() and np.allclose(arr, value, atol=atol, rtol=0):
             return failed(exercise, words)
     worst = float(np.max(np.abs(arr - expected)))
-    return failed(exercise, f"{what} has the right shape but wrong values (largest error {worst:.3g}).")
+    return failed(exercise, f"{what}: right shape, wrong values (largest error {worst:.3g}).")

@@ -219,7 +219,7 @@ def check_head_contributions(fn):
         (np.einsum("bhtd,hde->bhte", c, interleaved), "You took every H-th row of W_O (W_O[h::H]): the heads are "
                                                       "concatenated in blocks, so head h owns the contiguous rows "
                                                       "h * Dh to (h + 1) * Dh."),
-        (expected / _H, "You divided by H: the output is the *sum* of the heads' contributions, not their mean."),
+        (expected / _H, "You divided by H: the output is the sum of the heads' contributions, not their mean."),
         (np.einsum("bhtd,hde->bhte", c, blocks[::-1]), "The heads' blocks are in reverse order: head h owns rows "
                                                       "h * Dh to (h + 1) * Dh."),
     ]  # fmt: skip

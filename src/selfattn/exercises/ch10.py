@@ -18,10 +18,10 @@ from . import bool_mask_problem, call_learner, checker, compare_arrays, failed, 
 
 __all__ = ["check_merge_states", "check_flash_forward", "check_flash_backward", "check_causal_tiles"]
 
-_EX1 = "10.1 merge two (output, lse) results"
+_EX1 = "10.1 merge two (output, log-sum-exp) results"
 _EX2 = "10.2 the tiled forward"
-_EX3 = "10.3 the backward from the log-sum-exp"
-_EX4 = "10.4 the tiles a causal pass visits"
+_EX3 = "10.3 the backward from the saved log-sum-exp"
+_EX4 = "10.4 the tiles a causal pass computes"
 
 
 def _score_bytes_held(call, T: int = 64, S: int = 4096) -> int | None:
@@ -370,9 +370,9 @@ def check_causal_tiles(fn):
         if arr is None or arr.ndim != 2:
             return failed(_EX4, f"Return a 2-D boolean array of shape ({nq}, {nk}) for T={T}, block_q={bq}, "
                                 f"block_k={bk}; got {type(got).__name__ if arr is None else arr.shape}.")
-        problem = bool_mask_problem(got)
-        if problem is not None:
-            return failed(_EX4, problem)
+        if bool_mask_problem(got) is not None:  # numbers, not booleans: say it in this exercise's terms
+            return failed(_EX4, f"Return a boolean array, True for a tile the pass computes; you returned "
+                                f"{np.asarray(got).dtype} numbers. If 1 means computed, convert with .astype(bool).")
         if arr.shape == (T // bq, T // bk) and arr.shape != (nq, nk):
             return failed(_EX4, f"With T={T}, block_q={bq}, block_k={bk} there are ceil(T / block) tiles, ({nq}, {nk}): "
                                 "the last tile of a row or column may be partial; use -(-T // block).")

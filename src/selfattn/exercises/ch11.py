@@ -38,7 +38,7 @@ _EX3 = "11.3 the top-p set"
 _EX4 = "11.4 a paged cache's block table"
 _EX5 = "11.5 a top-p sampler"
 
-# (n_layers, n_heads, n_kv_heads, d_head, bytes_per_number, n_tokens): a small MHA model, Llama 3 8B
+# (n_layers, n_heads, n_kv_heads, d_head, bytes_per_number, n_tokens): a small MHA model, Llama 3.1 8B
 # in bfloat16 at 8k tokens, a multi-query model in float32.
 _CACHE_CASES = ((6, 12, 12, 32, 4, 128), (32, 32, 8, 128, 2, 8192), (4, 8, 1, 64, 4, 1000))
 
@@ -67,7 +67,7 @@ def check_kv_cache_bytes(fn):
             return failed(_EX1, "That is the size per token; multiply by n_tokens for the whole sequence.")
         return failed(_EX1, f"For n_layers={L}, n_kv_heads={H_kv}, d_head={Dh}, {nbytes} bytes per number "
                       f"and {n} tokens the cache takes {expected} bytes; you returned {got}.")
-    return passed(_EX1, "2 x n_layers x n_kv_heads x d_head x bytes x tokens: Llama 3 8B holds 1 GiB "
+    return passed(_EX1, "2 x n_layers x n_kv_heads x d_head x bytes x tokens: Llama 3.1 8B holds 1 GiB "
                   "of cache for one 8k-token sequence in bfloat16.")
 
 
