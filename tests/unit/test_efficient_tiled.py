@@ -298,11 +298,16 @@ def test_a_nan_value_reaches_only_the_gradients_of_queries_that_may_see_it(block
 def test_second_derivatives_raise_instead_of_silently_vanishing():
     # Regression: with create_graph=True the gradient came back with requires_grad=False, so a
     # gradient penalty built on it was silently a constant (gradgradcheck: "expected to be zero").
+    # A loss whose gradient needs no gradient (out.sum()) still returned a detached gradient without an
+    # error (a new user's trial): q.grad then missed the penalty's part. Both now raise at the request.
     q, k, v = (x.requires_grad_(True) for x in _qkv(1, 1, 5, 7, 3))
-    (gq,) = torch.autograd.grad(tiled_attention(q, k, v).pow(2).sum(), q, create_graph=True)
-    assert torch.isfinite(gq).all()
-    with pytest.raises(RuntimeError, match="differentiate twice"):
-        gq.pow(2).sum().backward()
+    for loss in (lambda o: o.pow(2).sum(), lambda o: o.sum()):
+        with pytest.raises(RuntimeError, match="cannot differentiate twice"):
+            torch.autograd.grad(loss(tiled_attention(q, k, v)), q, create_graph=True)
+    # first derivatives are unchanged, also when computed under no create_graph
+    (gq,) = torch.autograd.grad(tiled_attention(q, k, v).sum(), q)
+    (want,) = torch.autograd.grad(selfattn.scaled_dot_product_attention(q, k, v).sum(), q)
+    torch.testing.assert_close(gq, want, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("shape_q", [(2, 3, 0, 8), (0, 3, 4, 8)])

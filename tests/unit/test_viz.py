@@ -179,3 +179,21 @@ def test_the_figure_html_fits_the_figure_after_drawing_it():
     markup = _bundle(_figure())["text/html"]
     assert "window._selfattnFit(el)" in markup and "plotly_afterplot" in markup
     assert "newPlot" not in viz._FIT_JS and "react(" not in viz._FIT_JS  # it never redraws the figure from scratch
+
+
+def test_the_json_mimetype_is_plain_json_even_when_the_figure_dict_holds_numpy_arrays():
+    # Regression (issue 31 item 8, reader trial): plotly 5 keeps NumPy arrays in a figure's dict, the
+    # renderer passed them on in its JSON mimetype, and ipykernel < 6.29 failed with "Can't clean for JSON"
+    # (chapters 07 and 11). json.dumps stands for the kernel's cleaning: it refuses a NumPy array too.
+    import json
+
+    import numpy as np
+
+    from selfattn.viz import BookRenderer
+
+    fig_dict = {"data": [{"type": "scatter", "x": np.arange(3), "y": np.array([0.5, 1.5, 2.5])}],
+                "layout": {"title": {"text": "t"}}}
+    bundle = BookRenderer().to_mimebundle(fig_dict)
+    part = bundle["application/vnd.plotly.v1+json"]
+    assert json.loads(json.dumps(part))["data"][0]["y"] == [0.5, 1.5, 2.5]
+    assert "plotly-graph-div" in bundle["text/html"]

@@ -860,8 +860,22 @@ class _TiledAttentionFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    @once_differentiable  # the hand-written backward is not itself differentiable: a second
-    def backward(ctx, d_out, _d_lse):  # derivative raises instead of silently being zero
+    def backward(ctx, d_out, _d_lse):
+        # The hand-written backward is not itself differentiable. once_differentiable makes a second
+        # derivative raise only when d_out itself requires grad (a loss such as out.pow(2).sum()); with
+        # out.sum() the gradient came back detached and a gradient penalty on it was silently a constant.
+        # Under create_graph=True the engine runs backward with grad mode on: refuse it here, always.
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                "tiled_attention cannot differentiate twice: its backward is hand-written and not "
+                "differentiable (create_graph=True asks for that); use selfattn.scaled_dot_product_attention "
+                "for higher-order gradients"
+            )
+        return _TiledAttentionFunction._backward(ctx, d_out, _d_lse)
+
+    @staticmethod
+    @once_differentiable
+    def _backward(ctx, d_out, _d_lse):
         q, k, v, out, m2, log2_l, bias = ctx.saved_tensors
         if ctx.backward_kernel is not tiled_backward_torch:  # the Triton kernels; m2 holds the natural-log lse
             dq, dk, dv = ctx.backward_kernel(q, k, v, out, m2, d_out, ctx.vis, ctx.scale, *ctx.blocks)
@@ -1028,7 +1042,8 @@ def tiled_attention(q, k, v, mask=None, *, causal: bool = False, alignment: str 
         is). First derivatives
         only: the backward is hand-written and not itself differentiable, so differentiating the
         gradients again (``create_graph=True``, e.g. a gradient penalty) raises a RuntimeError
-        (torch's wording depends on the call); use ``selfattn.scaled_dot_product_attention`` for that.
+        ("cannot differentiate twice") when the gradient is computed; use
+        ``selfattn.scaled_dot_product_attention`` for that.
 
     Raises:
         TypeError: non-tensor or non-floating inputs, different dtypes, a non-boolean mask, a

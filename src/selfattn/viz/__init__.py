@@ -178,7 +178,12 @@ class BookRenderer(MimetypeRenderer):
         description = figure_description(fig)
         spec = {"data": _colorbar_titles_along_the_bar(fig_dict.get("data", [])), "layout": fig_dict.get("layout", {}),
                 "frames": fig_dict.get("frames", [])}
-        payload = pio.to_json(spec, validate=False).replace("</", "<\\/")  # no early </script>
+        as_json = pio.to_json(spec, validate=False)
+        # The JSON mimetype gets plain JSON (lists, not NumPy arrays): plotly 5 keeps arrays in a figure's
+        # dict, and ipykernel before 6.29 refuses them ("Can't clean for JSON", chapters 07 and 11 on a
+        # Colab-like stack with plotly 5.24; issue 31 item 8's reader trial).
+        plain = json.loads(as_json)
+        payload = as_json.replace("</", "<\\/")  # no early </script>
         label = html.escape(description or "interactive figure", quote=True)
         hidden = f'<p class="selfattn-figure-text">{html.escape(description)}</p>' if description else ""
         markup = f"""<div class="selfattn-figure" role="figure" aria-label="{label}">
@@ -214,7 +219,7 @@ class BookRenderer(MimetypeRenderer):
 </script>
 </div>"""
         return {
-            "application/vnd.plotly.v1+json": {**spec, "config": _PLOTLY_CONFIG},
+            "application/vnd.plotly.v1+json": {**plain, "config": _PLOTLY_CONFIG},
             "text/html": markup,
         }
 
