@@ -116,3 +116,26 @@ def test_four_dimensional_mask_must_broadcast_to_batch_heads_queries_keys():
     per_head = torch.ones(1, 2, 5, 5, dtype=torch.bool)
     with torch.no_grad():
         torch.testing.assert_close(model(ids, attention_mask=per_head), model(ids), rtol=0, atol=0)
+
+
+def test_generate_refuses_a_float_mask_that_is_not_zero_or_one_and_restores_the_mode_on_error():
+    # Regressions from a new user's trial: 0.5 was truncated to 0 (silently padding), a NaN became
+    # -2**63 in the message; and a generate that raised left a training model in eval mode.
+    import math
+
+    from selfattn.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    g = GPT(GPTConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=1, block_size=8, positions="rope"))
+    ids = torch.tensor([[1, 2, 3]])
+    for bad in (0.5, math.nan):
+        with pytest.raises(ValueError, match="only 0 .padding. and 1"):
+            g.generate(ids, 2, attention_mask=torch.tensor([[bad, 1.0, 1.0]]))
+    ok = g.generate(ids, 2, attention_mask=torch.tensor([[0.0, 1.0, 1.0]]))  # float 0/1 is fine
+    assert ok.shape == (1, 5)
+    g.train()
+    with pytest.raises(ValueError):
+        g.generate(ids, 2, attention_mask=torch.tensor([[0.5, 1.0, 1.0]]))
+    assert g.training
+    g.generate(ids, 2)
+    assert g.training

@@ -597,16 +597,20 @@ class GPT(nn.Module):
             self._check_shape(input_ids)
         was_training = self.training
         self.eval()
+        try:  # the mode comes back also when a step raises (a caught error must not leave dropout off)
+            return self._generate_eval(input_ids, n_new, offsets, use_cache, make_cache, dict(
+                temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator))
+        finally:
+            self.train(was_training)
+
+    def _generate_eval(self, input_ids, n_new: int, offsets, use_cache: bool, make_cache, how: dict):
+        """:meth:`generate`'s loop, in eval mode, after its argument checks."""
+        temperature, top_k, top_p, greedy, generator = (how[k] for k in ("temperature", "top_k", "top_p", "greedy",
+                                                                       "generator"))
         if offsets is not None:
-            out = self._generate_left_padded(input_ids, n_new, offsets, use_cache, dict(
-                temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator))
-            self.train(was_training)
-            return out
+            return self._generate_left_padded(input_ids, n_new, offsets, use_cache, how)
         if use_cache and make_cache is None:
-            out = self._generate_static(input_ids, n_new, dict(
-                temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator))
-            self.train(was_training)
-            return out
+            return self._generate_static(input_ids, n_new, how)
         ids = input_ids
         caches = [make_cache() for _ in self.blocks] if use_cache else None
         step_input = ids
@@ -623,7 +627,6 @@ class GPT(nn.Module):
                              generator=generator)  # (B, 1)
             ids = torch.cat([ids, next_id], dim=1)  # (B, T) -> (B, T + 1)
             step_input = next_id
-        self.train(was_training)
         return ids
 
     def _generate_static(self, input_ids, n_new: int, how: dict) -> torch.Tensor:
@@ -655,6 +658,11 @@ class GPT(nn.Module):
                              f"got {shape_of(attention_mask)}")
         if make_cache is not None:
             raise ValueError("attention_mask (left padding) works with the default KVCache only; got make_cache too")
+        if attention_mask.is_floating_point() or attention_mask.is_complex():  # .to(int64) would truncate 0.5 to 0
+            bad = attention_mask[(attention_mask != 0) & (attention_mask != 1)]
+            if bad.numel():
+                raise ValueError("attention_mask must hold only 0 (padding) and 1 (a real token); got values "
+                                 f"{sorted(set(bad.flatten().tolist()))[:5]}")
         keep = from_hf_attention_mask(attention_mask.to(torch.int64))[:, 0, 0]  # (B, T0) bool, checks 0/1
         if bool((keep[:, 1:] < keep[:, :-1]).any()):
             raise ValueError("attention_mask must be left padding: in every row the 0s (padding) come before "
