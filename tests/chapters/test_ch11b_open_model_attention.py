@@ -56,7 +56,7 @@ def _small_mla(seed=0):
     return MultiHeadLatentAttention(MLAConfig(32, 4, 16, 12, 8, 10, q_lora_rank=24)).double()
 
 
-def test_claim35_mla_is_the_attention_of_the_keys_and_values_it_expands_to():
+def test_claim_35_mla_is_the_attention_of_the_keys_and_values_it_expands_to():
     mla = _small_mla()
     x = torch.randn(2, 9, 32, dtype=torch.float64)
     with torch.no_grad():
@@ -74,7 +74,7 @@ def test_claim35_mla_is_the_attention_of_the_keys_and_values_it_expands_to():
     assert torch.equal(k[:, 0, :, 12:], k[:, 3, :, 12:])
 
 
-def test_claim35_absorbed_decode_equals_the_expanded_step():
+def test_claim_35_absorbed_decode_equals_the_expanded_step():
     mla = _small_mla(1)
     x = torch.randn(2, 10, 32, dtype=torch.float64)
     with torch.no_grad():
@@ -88,7 +88,7 @@ def test_claim35_absorbed_decode_equals_the_expanded_step():
     assert torch.equal(c1.latent, c2.latent) and torch.equal(c1.k_rope, c2.k_rope)
 
 
-def test_claim35_deepseek_v3_bytes_per_token_and_where_absorption_stops_paying():
+def test_claim_35_deepseek_v3_bytes_per_token_and_where_absorption_stops_paying():
     # DeepSeek-V3: r = 512, dr = 64, 128 heads, keys 128 + 64 wide, values 128, 61 layers, bf16
     assert cache_numbers_per_token(DEEPSEEK_V3) == 576
     assert cache_numbers_per_token(DEEPSEEK_V3, "mha") == 128 * (192 + 128) == 40960
@@ -101,7 +101,7 @@ def test_claim35_deepseek_v3_bytes_per_token_and_where_absorption_stops_paying()
     assert mla_flops(DEEPSEEK_V3, 1, 4096, absorbed=True) < mla_flops(DEEPSEEK_V3, 1, 4096, absorbed=False) / 100
 
 
-def test_claim36_topk_covering_every_key_is_dense_attention():
+def test_claim_36_topk_covering_every_key_is_dense_attention():
     torch.manual_seed(0)
     T = 16
     idx = LightningIndexer(32, 24, 3, 16, 8).double()
@@ -115,7 +115,7 @@ def test_claim36_topk_covering_every_key_is_dense_attention():
     assert _max(sparse_attention(q, k, v, keep_small), scaled_dot_product_attention(q, k, v, causal_mask(T))) > 1e-2
 
 
-def test_claim36_selection_keeps_a_needle_that_a_fixed_pattern_of_the_same_budget_drops():
+def test_claim_36_selection_keeps_a_needle_that_a_fixed_pattern_of_the_same_budget_drops():
     T, budget = 256, 32
     for seed in (0, 1, 2):
         q, k, v = needle_case(T, needle=40, seed=seed)
@@ -130,7 +130,7 @@ def test_claim36_selection_keeps_a_needle_that_a_fixed_pattern_of_the_same_budge
         assert err_topk < 0.01 and err_fixed > 0.5, (seed, err_topk, err_fixed)
 
 
-def test_claim36_counted_costs_per_decode_step_of_dense_indexer_and_fixed_selection():
+def test_claim_36_counted_costs_per_decode_step_of_dense_indexer_and_fixed_selection():
     kw = dict(k=2048, n_heads=128, d_qk=192, d_v=128, n_index_heads=64, index_head_dim=128, cache_numbers=576)
     short, long = selection_costs(4096, **kw), selection_costs(131072, **kw)
     assert long["dense"][0] / short["dense"][0] == 32  # per decode step dense grows as T (so T^2 over a sequence)
@@ -140,7 +140,7 @@ def test_claim36_counted_costs_per_decode_step_of_dense_indexer_and_fixed_select
     assert long["topk"][1] < long["dense"][1] / 4  # bytes: 128 FP8 numbers per key against 576 bf16
 
 
-def test_claim37_hybrid_cache_is_global_share_plus_window_over_T():
+def test_claim_37_hybrid_cache_is_global_share_plus_window_over_T():
     kinds = layer_types(60, 5)
     assert kinds.count(GLOBAL) == 10 and kinds.count(LOCAL) == 50
     for T in (8192, 32768, 131072):
@@ -151,7 +151,7 @@ def test_claim37_hybrid_cache_is_global_share_plus_window_over_T():
     assert abs(hybrid_kv_fraction(131072, 1024, 5) - 0.17318) < 1e-5  # 5.8x smaller at 128k tokens
 
 
-def test_claim37_longformer_global_tokens_in_a_band_through_the_tiled_kernel():
+def test_claim_37_longformer_global_tokens_in_a_band_through_the_tiled_kernel():
     torch.manual_seed(0)
     B, H, T, Dh = 1, 2, 200, 16
     q, k, v = (torch.randn(B, H, T, Dh, dtype=torch.float64) for _ in range(3))
