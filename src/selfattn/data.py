@@ -143,8 +143,11 @@ class CharTokenizer:
             raise TypeError(f"text must be a str; got {type(text).__name__}")
         unknown = sorted(set(text) - self._index.keys())
         if unknown:
-            raise ValueError(f"text holds characters outside the vocabulary: {unknown[:10]!r}")
+            raise ValueError(f"text holds characters outside the vocabulary: {unknown[:10]!r}{self._vocabulary_hint()}")
         return torch.tensor([self._index[ch] for ch in text], dtype=torch.int64)
+
+    def _vocabulary_hint(self) -> str:
+        return ""  # a vocabulary taken from a text can be long; a subclass with a short one names it
 
     def decode(self, ids) -> str:
         """1-D ids (tensor or sequence of ints in [0, vocab_size)) -> the string.

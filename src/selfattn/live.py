@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from ._validate import require_positive_int
+from .data import CharTokenizer
 
 __all__ = ["GPTExport", "AttentionOnlyExport", "export_onnx", "TokenAlphabet", "LivePanel", "SUPPORTED_POSITIONS"]
 
@@ -331,7 +332,7 @@ def _json_script(cls: str, payload) -> str:
     return f'<script type="application/json" class="{cls}">{text}</script>'
 
 
-class TokenAlphabet:
+class TokenAlphabet(CharTokenizer):
     """One printable character per token id: a tokenizer for a model whose tokens are bare ids.
 
     The AttentionOnly model of chapters 14-15 reads ids 0 .. V-1 that stand for nothing (random
@@ -370,34 +371,8 @@ class TokenAlphabet:
         self.chars = chars
         self._index = {ch: i for i, ch in enumerate(chars)}
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self.chars)
-
-    def encode(self, text: str) -> torch.Tensor:
-        """``text`` -> 1-D int64 tensor of ids, shape (len(text),).
-
-        Raises:
-            TypeError: not a string. ValueError: a character outside the alphabet (named).
-        """
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str; got {type(text).__name__}")
-        unknown = sorted(set(text) - self._index.keys())
-        if unknown:
-            raise ValueError(f"text holds characters outside the vocabulary: {unknown[:10]!r} (it is {self.chars!r})")
-        return torch.tensor([self._index[ch] for ch in text], dtype=torch.int64)
-
-    def decode(self, ids) -> str:
-        """1-D ids (tensor or sequence of ints in [0, V)) -> the string.
-
-        Raises:
-            ValueError: an id outside [0, V).
-        """
-        ids = torch.as_tensor(ids).reshape(-1).tolist()
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
-        if bad:
-            raise ValueError(f"ids must be in [0, vocab_size={self.vocab_size}); got {bad[:10]}")
-        return "".join(self.chars[i] for i in ids)
+    def _vocabulary_hint(self) -> str:
+        return f" (it is {self.chars!r})"
 
     def __repr__(self) -> str:
         return f"TokenAlphabet({self.vocab_size}, {self.chars!r})"
