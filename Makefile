@@ -68,24 +68,34 @@ lint: $(VENV)/.test
 
 # The book is built from scratch (every chapter executed, warnings are errors; log in
 # _build/book-build.log, exit status in _build/book-build.rc) while the unit, parity and chapter tests
-# run on 2 workers; then the built book is tested as HTML and in a real browser (tests/book, with
-# SELFATTN_REUSE_BOOK=1: the build just made). Each chapter is executed once: the build runs every
+# run on 2 workers; as soon as the build is done the built book is tested as HTML and in a real browser
+# (tests/book, with SELFATTN_REUSE_BOOK=1: the build just made), while the other tests go on (their
+# output is printed as they run; the book tests' is kept in _build/book-tests.out and printed after).
+# Each chapter is executed once: the build runs every
 # notebook top to bottom in a fresh kernel and fails on any cell error (nb_execution_raise_on_error)
 # and, under -W, on stderr output; tests/book/test_build.py checks that every notebook of notebooks/
 # was executed, every code cell, with no error output -- what `pytest --nbval-lax notebooks` checks
 # (no cell is marked for output comparison), which `make nbval` still runs on its own.
+# Each long experiment is computed once too: the build saves the chapters' training runs in $(RUNS)
+# and the chapter tests that check those runs read them (src/selfattn/_runcache.py; only the same call
+# by the same code is reused, a test that gets there first computes it itself).
 # --durations lists the slowest tests in CI's log, where the 30-minute budget (DESIGN.md) is watched.
-# Both test runs always run; the target fails if either (or the build) failed.
+# All three always run; the target fails if any failed.
+RUNS := $(CURDIR)/_build/run-cache
+
 test: lint $(VENV)/.vendor browser
 	rm -rf _build && mkdir -p _build
 	# One BLAS/OpenMP thread per worker: two workers already use both cores, and oversubscribed
 	# OpenMP threads spin and slow each other down many times over (the build's kernels have one each).
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) scripts/build_book.py . -W -n --keep-going \
-	    > _build/book-build.out 2>&1 & book=$$!; \
-	  OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --durations=15 tests/unit tests/parity tests/chapters; \
-	  unit=$$?; wait $$book; built=$$?; echo $$built > _build/book-build.rc; \
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 SELFATTN_RUN_CACHE_WRITE=$(RUNS) \
+	    $(PY) scripts/build_book.py . -W -n --keep-going > _build/book-build.out 2>&1 & book=$$!; \
+	  OMP_NUM_THREADS=1 SELFATTN_RUN_CACHE_READ=$(RUNS) \
+	    $(PY) -m pytest -n 2 --dist loadfile --durations=15 tests/unit tests/parity tests/chapters & unit=$$!; \
+	  wait $$book; built=$$?; echo $$built > _build/book-build.rc; \
 	  if [ $$built != 0 ]; then tail -n 60 _build/book-build.out; fi; \
-	  SELFATTN_REUSE_BOOK=1 $(PY) -m pytest --durations=15 tests/book; browser=$$?; \
+	  SELFATTN_REUSE_BOOK=1 $(PY) -m pytest --durations=15 tests/book > _build/book-tests.out 2>&1; browser=$$?; \
+	  wait $$unit; unit=$$?; \
+	  echo "---- book tests (tests/book, after the build) ----"; cat _build/book-tests.out; \
 	  echo "unit/parity/chapters: exit $$unit; book build: exit $$built; book tests: exit $$browser"; \
 	  [ $$unit = 0 ] && [ $$built = 0 ] && [ $$browser = 0 ]
 

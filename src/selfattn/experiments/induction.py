@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .._runcache import shared_run
 from .._threads import one_thread
 from .._validate import require_positive_int, require_rank, require_tensor, shape_of
 from ..attention import scaled_dot_product_attention
@@ -273,6 +274,7 @@ class InductionRun:
     ind_scores: torch.Tensor | None = None
 
 
+@shared_run
 def train_induction(config: InductionConfig = InductionConfig(), seed: int = 0, *, eval_every: int = 0,
                     eval_size: int = 256) -> InductionRun:
     """Train an :class:`AttentionOnly` model on :func:`repeated_spans` batches, next-token loss.

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .._runcache import shared_run
 from .._validate import require_flag, require_positive_int, require_rank, require_tensor, shape_of
 from ..models.gpt import GPT, GPTConfig, train_lm, unigram_cross_entropy
 from ..positions import POSITION_SCHEMES, RotaryPositions, ntk_scaled_base
@@ -273,6 +274,7 @@ class ExtrapolationResult:
         return "\n".join(lines)
 
 
+@shared_run
 def compare_position_schemes(
     train_ids: torch.Tensor,
     val_ids: torch.Tensor,

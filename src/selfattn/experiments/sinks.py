@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .._runcache import shared_run
 from .._validate import require_positive_int
 from ..inference.streaming import _streamed_losses, make_caches, sink_weights
 from ..models.gpt import GPT, GPTConfig
@@ -186,6 +187,7 @@ def retrieval_probe(model: GPT, ids: torch.Tensor, bos: int, *, windows=(8, 16, 
     return out
 
 
+@shared_run
 def sink_experiment(train_ids: torch.Tensor, val_ids: torch.Tensor, vocab_size: int, *, seed: int = 0,
                     steps: int = 600, window: int = 32, far: int = 16, **training) -> SinkRun:
     """Train with a fixed BOS (:func:`train_with_bos`), then measure sink weights, streams and the probe.

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .._runcache import shared_run
 from .._validate import require_flag, require_positive_int, require_rank, require_tensor, shape_of
 from ..masks import causal_mask
 from ..models.gpt import GPT, CachePlan
@@ -402,6 +403,7 @@ def _require_sinks(n_sinks_list) -> tuple[int, ...]:
 
 
 @torch.no_grad()
+@shared_run
 def streaming_losses(
     model: GPT,
     ids: torch.Tensor,
@@ -586,7 +588,7 @@ def streaming_experiment(
                          f"{sorted(training)}")
     trained = compare_position_schemes(train_ids, val_ids, vocab_size, schemes=("rope",),
                                        eval_lengths=(training.get("train_length", 64),), progress=progress, **training)
-    model = trained.models["rope"]
+    model = trained.models["rope"].eval()  # as chapter 11 hands it on (streaming_losses evaluates in eval mode)
     result = streaming_losses(model, val_ids, **measure)
     settings = dict(result.settings, train_length=trained.train_length, **trained.settings,
                     train_seconds=trained.seconds["rope"])
