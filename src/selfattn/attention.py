@@ -217,6 +217,9 @@ def scaled_dot_product_attention(
             refused (pass an additive one as ``bias``).
         bias: optional additive float tensor broadcastable to (..., T, S).
         scale: score multiplier; default ``1 / sqrt(Dh)``, the per-head key width, never d_model.
+            A scale <= 1 multiplies q before the product, a larger one the product, so that no
+            intermediate exceeds the logits' own terms: finite logits stay finite in float32 (e.g.
+            q, k ~ 1e19 with scale ~ 1e-34, logits ~ 1e5).
         dropout_p: dropout probability on the weights. Applied whenever > 0, as in torch; modules
             pass 0 in eval mode.
         return_weights: also return the (..., T, S) weights.
@@ -271,7 +274,16 @@ def _attend(q, k, v, mask, bias, scale, dropout_p):
         scale = 1.0 / math.sqrt(q.shape[-1])
 
     q, k, v = _zero_unseen(q, k, v, mask)
-    scores = _scores(q, k, mask) * scale  # (..., T, Dh) @ (..., Dh, S) -> (..., T, S)
+    # Where the scale goes decides what can overflow. q @ k^T first and then * scale overflowed for
+    # finite logits when scale < 1: q, k ~ 1e19 in float32 with scale 1e-34 give q . k = inf (past
+    # 3.4e38) where the logits are ~1e5, and inf - inf = NaN in the softmax. So a scale <= 1 (the
+    # default 1 / sqrt(Dh) among them) multiplies q first, as the tiled path does ((q * scale) . k,
+    # each |q * scale| <= |q|), and a scale > 1 multiplies the product (|q . k| < |logit| there):
+    # no intermediate is larger than the logit's own terms q_d k_d scale.
+    if scale <= 1.0:
+        scores = _scores(q * scale, k, mask)  # (..., T, Dh) @ (..., Dh, S) -> (..., T, S)
+    else:
+        scores = _scores(q, k, mask) * scale  # (..., T, Dh) @ (..., Dh, S) -> (..., T, S)
     if bias is not None:
         scores = scores + bias.to(scores.dtype)
     weights = _masked_softmax(scores, mask)  # (..., T, S), rows sum to 1 (or 0 if nothing visible)
