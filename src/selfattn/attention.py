@@ -24,6 +24,7 @@ from ._validate import (
     require_probability,
     require_rank,
     require_scale,
+    require_scores_fit,
     require_tensor,
     shape_of,
 )
@@ -236,6 +237,10 @@ def scaled_dot_product_attention(
         ``return_weights`` not a bool.
         ValueError: wrong ranks, mismatched shapes, a mask or bias that does not broadcast to
         (..., T, S), a non-positive scale, dropout_p outside [0, 1).
+        MemoryError: one (..., T, S) scores tensor (float32 for half inputs) would need more bytes
+        than the device's total memory (the GPU's, or the machine's RAM); raised before anything is
+        allocated, naming the shapes and the bytes (``selfattn.efficient.tiled_attention`` never
+        holds the scores).
 
     Source: chapter 03; masking chapter 04.
     """
@@ -258,6 +263,8 @@ def scaled_dot_product_attention(
         if not bias.dtype.is_floating_point:
             raise TypeError(f"bias must be a floating tensor added to the scores; got dtype {bias.dtype}")
         require_broadcastable("bias", bias, target, "(..., T, S) =")
+    require_scores_fit(f"q {shape_of(q)} and k {shape_of(k)}", q.shape[:-2], T, S,
+                       torch.float32 if q.dtype in _HALF else q.dtype, q.device)  # before any allocation
     context, weights = _attend(q, k, v, mask, bias, scale, dropout_p)
     return (context, weights) if return_weights else context
 

@@ -34,6 +34,7 @@ from ._validate import (
     require_positive_int,
     require_probability,
     require_rank,
+    require_scores_fit,
     require_tensor,
     shape_of,
 )
@@ -221,11 +222,16 @@ class MultiHeadAttention(nn.Module):
             TypeError / ValueError: inputs that are not 3-D tensors of width d_model, or not of the
             parameters' dtype; batch sizes that differ; and every error of
             :func:`selfattn.scaled_dot_product_attention`.
+            MemoryError: the (B, H, T, S) scores alone would need more bytes than the device's total
+            memory; raised before the projections, naming ``x_q``'s and ``x_kv``'s shapes and the bytes.
         """
         return_weights = require_flag("return_weights", return_weights)
         x_kv = x_q if x_kv is None else x_kv
         self._check_inputs(x_q, x_kv)
         H = self.config.n_heads
+        work = torch.float32 if x_q.dtype in (torch.float16, torch.bfloat16) else x_q.dtype  # the scores' dtype
+        require_scores_fit(f"x_q {shape_of(x_q)} and x_kv {shape_of(x_kv)} with n_heads={H}",
+                           (x_q.shape[0], H), x_q.shape[1], x_kv.shape[1], work, x_q.device)
         Q = split_heads(self._project(x_q, self.W_Q, self.b_Q), H)  # (B, T, D) -> (B, H, T, Dh)
         K = split_heads(self._project(x_kv, self.W_K, self.b_K), H)  # (B, S, D) -> (B, H, S, Dh)
         V = split_heads(self._project(x_kv, self.W_V, self.b_V), H)  # (B, S, D) -> (B, H, S, Dh)

@@ -656,3 +656,28 @@ def test_float32_dense_attention_at_large_finite_logits_matches_float64(size_q, 
         assert torch.isfinite(x).all(), f"{name} holds a NaN or inf"
         error = float((x.detach().double() - t).abs().max()) / size
         assert error <= bound, f"{name}: error {error:.2e} (relative) > {bound:.2e}"
+
+
+def test_scores_larger_than_the_machines_memory_are_refused_up_front_naming_shapes_and_bytes():
+    # Regression: T = S = 2**22 needs a (1, 1, 2**22, 2**22) float32 scores tensor, 64 TiB; the user got
+    # the allocator's RuntimeError ("DefaultCPUAllocator: not enough memory") from inside the matmul.
+    # Now a MemoryError before anything is allocated, naming the shapes and the bytes. The inputs are
+    # expanded views of one number: 16 bytes of storage.
+    n = 2**22
+    q = torch.zeros(()).expand(1, 1, n, 1)
+    need = n * n * 4  # bytes of the float32 scores, worked out by hand
+    with pytest.raises(MemoryError, match=re.escape(f"q (1, 1, {n}, 1) and k (1, 1, {n}, 1)") + ".*"
+                       + re.escape(f"shape (1, 1, {n}, {n})") + f".*{need} bytes.*64.0 TiB"):
+        sdpa(q, q, q)
+    x = torch.zeros(()).expand(1, n, 2)
+    mha = selfattn.MultiHeadAttention(selfattn.MHAConfig(2, 1))
+    with pytest.raises(MemoryError, match=re.escape(f"x_q (1, {n}, 2) and x_kv (1, {n}, 2) with n_heads=1")
+                       + f".*{need} bytes"):
+        mha(x)
+    # half inputs: the scores are float32 all the same
+    with pytest.raises(MemoryError, match=f"float32, would need {need} bytes"):
+        sdpa(q.half(), q.half(), q.half())
+    # a legitimate large run is not refused: T = S = 2048 (16 MiB of scores) runs
+    q = torch.randn(1, 1, 2048, 4, generator=torch.Generator().manual_seed(0))
+    out = sdpa(q, q, q)
+    assert out.shape == (1, 1, 2048, 4) and torch.isfinite(out).all()
