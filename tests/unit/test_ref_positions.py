@@ -304,6 +304,9 @@ def test_torch_small_functions_equal_ref():
         (lambda: ref.ntk_scaled_base(10000.0, 2.0, 2), ValueError, "d_head must be > 2"),
         (lambda: ref.ntk_scaled_base(0.5, 2.0, 64), ValueError, "base"),
         (lambda: ref.alibi_slopes(0), ValueError, "n_heads"),
+        # an empty feature axis names x (it raised "d_head must be > 0", an argument the caller did not pass)
+        (lambda: ref.apply_rope(np.zeros((3, 0)), np.arange(3.0)), ValueError,
+         r"^x's last axis Dh must be even and > 0 .*got shape \(3, 0\)"),
         (lambda: ref.alibi_slopes(2.0), TypeError, "n_heads"),
         (
             lambda: ref.alibi_bias(np.ones((2, 2)), np.arange(3), np.arange(3)),

@@ -209,7 +209,7 @@ def apply_rope(
 
     Raises:
         TypeError: ``x`` or ``positions`` not real numbers (a torch tensor is refused). ValueError:
-        ``x`` with fewer than 2 dims or an odd last axis, ``positions`` not of shape (T,), unknown
+        ``x`` with fewer than 2 dims or an odd or empty last axis, ``positions`` not of shape (T,), unknown
         ``layout``, ``base`` <= 1, ``interpolation`` < 1.
 
     Source: Su et al. 2021, section 3.2.1, eq. 12 (the complex form of one pair), with the frequencies
@@ -219,9 +219,9 @@ def apply_rope(
     if x.ndim < 2:
         raise ValueError(f"x must have shape (..., T, Dh) (at least 2 dims); got shape {x.shape}")
     T, Dh = x.shape[-2:]
-    if Dh % 2:
+    if Dh % 2 or Dh == 0:  # checked here: rope_frequencies would name d_head, which the caller did not pass
         raise ValueError(
-            f"x's last axis Dh must be even (features are rotated in pairs); got shape {x.shape}"
+            f"x's last axis Dh must be even and > 0 (features are rotated in pairs); got shape {x.shape}"
         )
     layout = _layout(layout)
     p = _positions("positions", positions)
