@@ -190,6 +190,11 @@ class MultiHeadAttention(nn.Module):
         if x_kv.shape[1] == 0:
             name = "x_q (self-attention reads its keys and values from x_q)" if x_kv is x_q else "x_kv"
             raise ValueError(f"{name} must hold at least one position; got shape {shape_of(x_kv)}")
+        # before the projections, so that subclasses (QKNormAttention) that call this check it too
+        H = self.config.n_heads
+        work = torch.float32 if x_q.dtype in (torch.float16, torch.bfloat16) else x_q.dtype  # the scores' dtype
+        require_scores_fit(f"x_q {shape_of(x_q)} and x_kv {shape_of(x_kv)} with n_heads={H}",
+                           (x_q.shape[0], H), x_q.shape[1], x_kv.shape[1], work, x_q.device)
 
     def forward(
         self,
@@ -229,9 +234,6 @@ class MultiHeadAttention(nn.Module):
         x_kv = x_q if x_kv is None else x_kv
         self._check_inputs(x_q, x_kv)
         H = self.config.n_heads
-        work = torch.float32 if x_q.dtype in (torch.float16, torch.bfloat16) else x_q.dtype  # the scores' dtype
-        require_scores_fit(f"x_q {shape_of(x_q)} and x_kv {shape_of(x_kv)} with n_heads={H}",
-                           (x_q.shape[0], H), x_q.shape[1], x_kv.shape[1], work, x_q.device)
         Q = split_heads(self._project(x_q, self.W_Q, self.b_Q), H)  # (B, T, D) -> (B, H, T, Dh)
         K = split_heads(self._project(x_kv, self.W_K, self.b_K), H)  # (B, S, D) -> (B, H, S, Dh)
         V = split_heads(self._project(x_kv, self.W_V, self.b_V), H)  # (B, S, D) -> (B, H, S, Dh)

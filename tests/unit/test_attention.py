@@ -18,6 +18,7 @@ import torch
 import selfattn
 from selfattn import AttentionConfig, SelfAttention, causal_mask, masked_softmax, padding_mask, ref
 from selfattn import scaled_dot_product_attention as sdpa
+from selfattn.modern import QKNormAttention
 
 TOL64 = 1e-12
 
@@ -674,6 +675,9 @@ def test_scores_larger_than_the_machines_memory_are_refused_up_front_naming_shap
     with pytest.raises(MemoryError, match=re.escape(f"x_q (1, {n}, 2) and x_kv (1, {n}, 2) with n_heads=1")
                        + f".*{need} bytes"):
         mha(x)
+    qk_norm = QKNormAttention(selfattn.MHAConfig(2, 1))  # its own forward, the same check
+    with pytest.raises(MemoryError, match=re.escape(f"x_q (1, {n}, 2) and x_kv (1, {n}, 2) with n_heads=1")):
+        qk_norm(x)
     # half inputs: the scores are float32 all the same
     with pytest.raises(MemoryError, match=f"float32, would need {need} bytes"):
         sdpa(q.half(), q.half(), q.half())
