@@ -3,6 +3,8 @@ what was expected (the contracts are listed on the book's "Mask conventions" pag
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -150,3 +152,56 @@ def require_probability(name: str, p) -> None:
         raise TypeError(f"{name} must be a number in [0, 1); got {p!r} ({type(p).__name__})")
     if not (0.0 <= float(p) < 1.0):
         raise ValueError(f"{name} must be in [0, 1); got {p!r}")
+
+
+def _host_memory() -> int | None:
+    """The machine's RAM in bytes (None if unknown), read once at import."""
+    try:
+        total = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows): psutil if it is there
+        try:
+            import psutil
+
+            total = int(psutil.virtual_memory().total)
+        except ImportError:
+            total = None
+    return total if total and total > 0 else None
+
+
+_HOST_MEMORY = _host_memory()
+
+
+def _total_memory(device: torch.device) -> int | None:
+    """Total memory of ``device`` in bytes: the GPU's for CUDA, the machine's RAM otherwise; None if unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)  # a host-side query: no sync
+    return _HOST_MEMORY
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def require_scores_fit(inputs: str, lead: Sequence[int], T: int, S: int, dtype: torch.dtype,
+                       device: torch.device) -> None:
+    """Raise MemoryError, before anything is allocated, when one (..., T, S) scores tensor alone would
+    need more bytes than the device's total memory (the GPU's for CUDA, the machine's RAM otherwise).
+
+    The bound is deliberately loose (the softmax holds a few such tensors at once), so that it never
+    refuses a run that could fit; it turns the allocator's raw error from deep inside into one that
+    names the shapes and the bytes. ``inputs`` describes the arguments and their shapes.
+    """
+    if torch.compiler.is_compiling():
+        return  # made in eager calls only: int() of a symbolic size would specialise the traced graph
+    shape = (*(int(n) for n in lead), int(T), int(S))
+    need = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
+    total = _total_memory(device)
+    if total is not None and need > total:
+        raise MemoryError(
+            f"{inputs}: the attention scores, shape {shape} (..., T, S) in {dtype}, would need {need} bytes "
+            f"({_bytes(need)}), more than the {_bytes(total)} total memory of the device ({device}); "
+            "use shorter sequences, fewer batch rows or heads, or selfattn.efficient.tiled_attention, "
+            "which never holds the T x S scores")

@@ -24,6 +24,7 @@ from ._validate import (
     require_probability,
     require_rank,
     require_scale,
+    require_scores_fit,
     require_tensor,
     shape_of,
 )
@@ -217,6 +218,9 @@ def scaled_dot_product_attention(
             refused (pass an additive one as ``bias``).
         bias: optional additive float tensor broadcastable to (..., T, S).
         scale: score multiplier; default ``1 / sqrt(Dh)``, the per-head key width, never d_model.
+            A scale <= 1 multiplies q before the product, a larger one the product, so that no
+            intermediate exceeds the logits' own terms: finite logits stay finite in float32 (e.g.
+            q, k ~ 1e19 with scale ~ 1e-34, logits ~ 1e5).
         dropout_p: dropout probability on the weights. Applied whenever > 0, as in torch; modules
             pass 0 in eval mode.
         return_weights: also return the (..., T, S) weights.
@@ -233,6 +237,10 @@ def scaled_dot_product_attention(
         ``return_weights`` not a bool.
         ValueError: wrong ranks, mismatched shapes, a mask or bias that does not broadcast to
         (..., T, S), a non-positive scale, dropout_p outside [0, 1).
+        MemoryError: one (..., T, S) scores tensor (float32 for half inputs) would need more bytes
+        than the device's total memory (the GPU's, or the machine's RAM); raised before anything is
+        allocated, naming the shapes and the bytes (``selfattn.efficient.tiled_attention`` never
+        holds the scores).
 
     Source: chapter 03; masking chapter 04.
     """
@@ -255,6 +263,8 @@ def scaled_dot_product_attention(
         if not bias.dtype.is_floating_point:
             raise TypeError(f"bias must be a floating tensor added to the scores; got dtype {bias.dtype}")
         require_broadcastable("bias", bias, target, "(..., T, S) =")
+    require_scores_fit(f"q {shape_of(q)} and k {shape_of(k)}", q.shape[:-2], T, S,
+                       torch.float32 if q.dtype in _HALF else q.dtype, q.device)  # before any allocation
     context, weights = _attend(q, k, v, mask, bias, scale, dropout_p)
     return (context, weights) if return_weights else context
 
@@ -271,7 +281,16 @@ def _attend(q, k, v, mask, bias, scale, dropout_p):
         scale = 1.0 / math.sqrt(q.shape[-1])
 
     q, k, v = _zero_unseen(q, k, v, mask)
-    scores = _scores(q, k, mask) * scale  # (..., T, Dh) @ (..., Dh, S) -> (..., T, S)
+    # Where the scale goes decides what can overflow. q @ k^T first and then * scale overflowed for
+    # finite logits when scale < 1: q, k ~ 1e19 in float32 with scale 1e-34 give q . k = inf (past
+    # 3.4e38) where the logits are ~1e5, and inf - inf = NaN in the softmax. So a scale <= 1 (the
+    # default 1 / sqrt(Dh) among them) multiplies q first, as the tiled path does ((q * scale) . k,
+    # each |q * scale| <= |q|), and a scale > 1 multiplies the product (|q . k| < |logit| there):
+    # no intermediate is larger than the logit's own terms q_d k_d scale.
+    if scale <= 1.0:
+        scores = _scores(q * scale, k, mask)  # (..., T, Dh) @ (..., Dh, S) -> (..., T, S)
+    else:
+        scores = _scores(q, k, mask) * scale  # (..., T, Dh) @ (..., Dh, S) -> (..., T, S)
     if bias is not None:
         scores = scores + bias.to(scores.dtype)
     weights = _masked_softmax(scores, mask)  # (..., T, S), rows sum to 1 (or 0 if nothing visible)

@@ -25,6 +25,15 @@ __all__ = ["save_checkpoint", "load_checkpoint", "read_metadata"]
 _FORMAT = "selfattn"
 
 
+def _unreadable(path: Path, error: Exception) -> ValueError:
+    """safetensors' own error on a file it cannot parse, as a ValueError naming the file (raise ... from it)."""
+    size = path.stat().st_size if path.is_file() else None
+    return ValueError(
+        f"{path} is truncated or corrupt, not a complete safetensors file ({size} bytes): "
+        f"safetensors says {error}; save or copy the checkpoint again"
+    )
+
+
 def save_checkpoint(
     model: nn.Module, path: str | Path, *, extra: dict[str, str] | None = None
 ) -> Path:
@@ -94,7 +103,8 @@ def read_metadata(path: str | Path) -> dict[str, str]:
     """The metadata of a checkpoint (``format``, ``model_class``, ``config_class``, ``config``, extras).
 
     Raises:
-        FileNotFoundError: no such file. ValueError: not a selfattn checkpoint.
+        FileNotFoundError: no such file. ValueError: not a selfattn checkpoint; a truncated or
+        corrupt file (raised from safetensors' ``SafetensorError``, naming the file).
 
     Source: chapter 14.
     """
@@ -103,8 +113,13 @@ def read_metadata(path: str | Path) -> dict[str, str]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    with safe_open(str(path), framework="pt") as f:
-        metadata = dict(f.metadata() or {})
+    from safetensors import SafetensorError
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = dict(f.metadata() or {})
+    except SafetensorError as e:
+        raise _unreadable(path, e) from e
     if metadata.get("format") != _FORMAT:
         raise ValueError(
             f"{path} is not a selfattn checkpoint (metadata format={metadata.get('format')!r})"
@@ -126,8 +141,8 @@ def load_checkpoint(
         The model, in eval mode.
 
     Raises:
-        FileNotFoundError / ValueError: as :func:`read_metadata`; the recorded class names differ
-        from ``model_cls``/``config_cls``.
+        FileNotFoundError / ValueError: as :func:`read_metadata` (a truncated or corrupt file among
+        them); the recorded class names differ from ``model_cls``/``config_cls``.
         RuntimeError: the tensors do not fit the model (missing, unexpected or wrong shapes), or a
         recorded alias names a tensor the file does not hold.
 
@@ -143,7 +158,12 @@ def load_checkpoint(
             )
     config = config_cls(**json.loads(metadata["config"]))
     model = model_cls(config)
-    tensors = load_file(str(path), device="cpu")
+    from safetensors import SafetensorError
+
+    try:
+        tensors = load_file(str(path), device="cpu")
+    except SafetensorError as e:  # e.g. a header that is whole but tensors cut short
+        raise _unreadable(Path(path), e) from e
     shared = json.loads(metadata.get("shared", "{}"))  # {alias: stored name}; older files have none
     for alias, name in shared.items():
         if name not in tensors:

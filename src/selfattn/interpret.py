@@ -381,7 +381,8 @@ def attention_rollout(weights, residual: float = 0.5) -> np.ndarray:
 
     Raises:
         ValueError: ``weights`` not 4-D with square (T, T) maps, negative or non-finite entries,
-        or ``residual`` outside [0, 1).
+        or ``residual`` outside [0, 1); ``residual`` 0 with a weights row (heads averaged) that sums
+        to 0 (its renormalisation would be 0/0); a head-averaged row whose sum overflows.
 
     Source: Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers", section 3; chapter 13.
     """
@@ -394,9 +395,25 @@ def attention_rollout(weights, residual: float = 0.5) -> np.ndarray:
         raise ValueError(f"residual must be a number in [0, 1); got {residual!r}")
     T = w.shape[-1]
     rollout = np.eye(T)
-    for layer in w:  # (H, T, T), first layer first
-        mixed = residual * np.eye(T) + (1 - residual) * layer.mean(axis=0)  # (T, T)
-        mixed = mixed / mixed.sum(axis=-1, keepdims=True)  # rows sum to one again
+    for index, layer in enumerate(w):  # (H, T, T), first layer first
+        with np.errstate(over="ignore"):  # an overflowing sum is reported below, by layer and row
+            mixed = residual * np.eye(T) + (1 - residual) * layer.mean(axis=0)  # (T, T)
+            total = mixed.sum(axis=-1, keepdims=True)  # (T, 1), >= residual when residual > 0
+        # Renormalising a row that sums to 0 (residual 0 and a query that sees nothing, a zero row by the
+        # package's mask convention) or to inf (weights near the float64 maximum) would be 0/0 or inf/inf:
+        # a NaN row. Refused, naming the first such row, rather than returned.
+        bad = ~(np.isfinite(total[:, 0]) & (total[:, 0] > 0))
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            if total[row, 0] == 0:
+                raise ValueError(
+                    f"residual={residual!r} leaves row {row} of layer {index} with weights that sum to 0 (a "
+                    "query that sees no key): the rollout row would be 0/0; pass residual > 0 (the identity "
+                    "keeps such a token where it is) or weights whose every row has a positive sum")
+            raise ValueError(
+                f"weights of layer {index}, row {row}: the head-averaged row does not have a finite sum "
+                f"(got {float(total[row, 0])!r}); attention weights are at most 1 (rows of a softmax)")
+        mixed = mixed / total  # rows sum to one again
         rollout = mixed @ rollout  # (T, T) @ (T, T): this layer on top of the ones below
     return rollout
 

@@ -34,6 +34,7 @@ from ._validate import (
     require_positive_int,
     require_probability,
     require_rank,
+    require_scores_fit,
     require_tensor,
     shape_of,
 )
@@ -189,6 +190,11 @@ class MultiHeadAttention(nn.Module):
         if x_kv.shape[1] == 0:
             name = "x_q (self-attention reads its keys and values from x_q)" if x_kv is x_q else "x_kv"
             raise ValueError(f"{name} must hold at least one position; got shape {shape_of(x_kv)}")
+        # before the projections, so that subclasses (QKNormAttention) that call this check it too
+        H = self.config.n_heads
+        work = torch.float32 if x_q.dtype in (torch.float16, torch.bfloat16) else x_q.dtype  # the scores' dtype
+        require_scores_fit(f"x_q {shape_of(x_q)} and x_kv {shape_of(x_kv)} with n_heads={H}",
+                           (x_q.shape[0], H), x_q.shape[1], x_kv.shape[1], work, x_q.device)
 
     def forward(
         self,
@@ -221,6 +227,8 @@ class MultiHeadAttention(nn.Module):
             TypeError / ValueError: inputs that are not 3-D tensors of width d_model, or not of the
             parameters' dtype; batch sizes that differ; and every error of
             :func:`selfattn.scaled_dot_product_attention`.
+            MemoryError: the (B, H, T, S) scores alone would need more bytes than the device's total
+            memory; raised before the projections, naming ``x_q``'s and ``x_kv``'s shapes and the bytes.
         """
         return_weights = require_flag("return_weights", return_weights)
         x_kv = x_q if x_kv is None else x_kv

@@ -18,6 +18,7 @@ import torch
 import selfattn
 from selfattn import AttentionConfig, SelfAttention, causal_mask, masked_softmax, padding_mask, ref
 from selfattn import scaled_dot_product_attention as sdpa
+from selfattn.modern import QKNormAttention
 
 TOL64 = 1e-12
 
@@ -602,3 +603,85 @@ def test_masked_softmax_of_a_0d_tensor_is_a_value_error_naming_scores():
     # one axis is still a single row: weights that sum to 1
     w = masked_softmax(torch.tensor([0.0, math.log(3.0)], dtype=torch.float64), None)
     torch.testing.assert_close(w, torch.tensor([0.25, 0.75], dtype=torch.float64), rtol=0, atol=1e-15)
+
+
+def _float64_attention_and_grads(q, k, v, d_out, mask, scale):
+    """Plain float64 softmax(q k^T scale) v and its gradients by torch autograd (not the code under test)."""
+    q, k, v = (x.detach().double().requires_grad_(True) for x in (q, k, v))
+    scores = (q @ k.transpose(-2, -1)) * scale
+    max_logit = float(scores.detach().abs().max())  # over every pair, before the mask's -inf
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf)
+    out = torch.softmax(scores, dim=-1) @ v
+    return (out.detach(), *torch.autograd.grad(out, (q, k, v), d_out.double())), max_logit
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize(("size_q", "size_k", "logit", "size_d_out"), [
+    (2e19, 2e19, 1e4, 1.0), (2e19, 2e19, 1e5, 1.0),  # scale < 1: q . k ~ 4e38 overflows float32
+    # scale > 1: q * scale ~ 1e39 would overflow float32 (a small d_out keeps the true dk ~ scale |q| |d_out|
+    # within float32)
+    (1e35, 1e-35, 1e4, 1e-3),
+])
+def test_float32_dense_attention_at_large_finite_logits_matches_float64(size_q, size_k, logit, size_d_out, masked):
+    # Regression: the dense path formed q @ k^T and then multiplied by the scale, so q, k ~ 2e19 in float32
+    # with scale ~ 2.5e-35 gave q . k = inf (float32 ends at 3.4e38) where the logits are only ~1e4-1e5
+    # (finite, and fine in the tiled path and the float64 reference): inf - inf = NaN in the softmax, NaN
+    # outputs and gradients. Now a scale <= 1 multiplies q first and a scale > 1 the product.
+    # Tolerance: 4 float32 roundings of the largest logit (4 * eps32 * max |logit|), each error taken
+    # relative to the size of its quantity (max |v| for out; for dq, dk the terms they sum, as in
+    # test_efficient_tiled; max |d_out| for dv); measured at most 0.52 eps32 * max |logit|.
+    gen = torch.Generator().manual_seed(int(math.log10(logit)) + 7 * masked)
+    B, H, T, S, Dh = 1, 2, 16, 24, 16
+    scale = logit / (size_q * size_k)
+    q = size_q * 0.01 * torch.randn(B, H, T, Dh, generator=gen)  # small features: logit terms ~1
+    k = size_k * 0.01 * torch.randn(B, H, S, Dh, generator=gen)
+    q[..., 0] = size_q * (1 + 1e-4 * torch.randn(B, H, T, generator=gen))  # a shared feature: every logit
+    k[..., 0] = size_k * (1 + 1e-4 * torch.randn(B, H, S, generator=gen))  # near `logit`, a row spread of ~1
+    v, d_out = torch.randn(B, H, S, Dh, generator=gen), size_d_out * torch.randn(B, H, T, Dh, generator=gen)
+    mask = causal_mask(T, S, alignment="bottom_right") if masked else None
+    truth, max_logit = _float64_attention_and_grads(q, k, v, d_out, mask, scale)
+    assert 0.9 * logit < max_logit < 1.1 * logit
+    if scale < 1:
+        assert not torch.isfinite(q @ k.transpose(-2, -1)).all()  # the product alone overflows float32
+    else:
+        assert not torch.isfinite(q * scale).all()  # scaling q first would overflow
+    qi, ki, vi = (x.clone().requires_grad_(True) for x in (q, k, v))
+    out = sdpa(qi, ki, vi, mask, scale=scale)
+    got = (out, *torch.autograd.grad(out, (qi, ki, vi), d_out))
+    dp = float((d_out.double() @ v.double().transpose(-2, -1)).abs().max())
+    sizes = (float(v.abs().max()), scale * dp * float(k.double().abs().max()),
+             scale * dp * float(q.double().abs().max()), float(d_out.abs().max()))
+    bound = 4 * torch.finfo(torch.float32).eps * max_logit
+    for name, x, t, size in zip(("out", "dq", "dk", "dv"), got, truth, sizes, strict=True):
+        assert torch.isfinite(x).all(), f"{name} holds a NaN or inf"
+        error = float((x.detach().double() - t).abs().max()) / size
+        assert error <= bound, f"{name}: error {error:.2e} (relative) > {bound:.2e}"
+
+
+def test_scores_larger_than_the_machines_memory_are_refused_up_front_naming_shapes_and_bytes():
+    # Regression: T = S = 2**22 needs a (1, 1, 2**22, 2**22) float32 scores tensor, 64 TiB; the user got
+    # the allocator's RuntimeError ("DefaultCPUAllocator: not enough memory") from inside the matmul.
+    # Now a MemoryError before anything is allocated, naming the shapes and the bytes. The inputs are
+    # expanded views of one number: 16 bytes of storage.
+    n = 2**22
+    q = torch.zeros(()).expand(1, 1, n, 1)
+    need = n * n * 4  # bytes of the float32 scores, worked out by hand
+    with pytest.raises(MemoryError, match=re.escape(f"q (1, 1, {n}, 1) and k (1, 1, {n}, 1)") + ".*"
+                       + re.escape(f"shape (1, 1, {n}, {n})") + f".*{need} bytes.*64.0 TiB"):
+        sdpa(q, q, q)
+    x = torch.zeros(()).expand(1, n, 2)
+    mha = selfattn.MultiHeadAttention(selfattn.MHAConfig(2, 1))
+    with pytest.raises(MemoryError, match=re.escape(f"x_q (1, {n}, 2) and x_kv (1, {n}, 2) with n_heads=1")
+                       + f".*{need} bytes"):
+        mha(x)
+    qk_norm = QKNormAttention(selfattn.MHAConfig(2, 1))  # its own forward, the same check
+    with pytest.raises(MemoryError, match=re.escape(f"x_q (1, {n}, 2) and x_kv (1, {n}, 2) with n_heads=1")):
+        qk_norm(x)
+    # half inputs: the scores are float32 all the same
+    with pytest.raises(MemoryError, match=f"float32, would need {need} bytes"):
+        sdpa(q.half(), q.half(), q.half())
+    # a legitimate large run is not refused: T = S = 2048 (16 MiB of scores) runs
+    q = torch.randn(1, 1, 2048, 4, generator=torch.Generator().manual_seed(0))
+    out = sdpa(q, q, q)
+    assert out.shape == (1, 1, 2048, 4) and torch.isfinite(out).all()

@@ -119,3 +119,22 @@ def test_a_tied_model_round_trips_stored_once_and_stays_tied(tmp_path):
     save_file(raw, str(broken), metadata=meta)
     with pytest.raises(RuntimeError, match="token_embedding.weight"):
         load_checkpoint(broken, GPT, GPTConfig)
+
+
+def test_a_truncated_or_corrupt_file_raises_a_value_error_naming_the_file(tmp_path):
+    # Regression: a truncated checkpoint (an interrupted copy or download) raised safetensors' own
+    # SafetensorError ("MetadataIncompleteBuffer", "invalid header ...") from read_metadata or
+    # load_checkpoint; now a ValueError naming the file and what is wrong, raised from the original.
+    from safetensors import SafetensorError
+
+    path = save_checkpoint(_gpt(), tmp_path / "gpt.safetensors")
+    data = path.read_bytes()
+    header = 8 + int.from_bytes(data[:8], "little")  # the 8-byte header length, then the JSON header
+    for name, cut in (("length", data[:4]), ("header", data[: header // 2]), ("tensors", data[:-100]),
+                      ("garbage", b"\x00not a safetensors file" * 4)):
+        broken = tmp_path / f"cut-{name}.safetensors"
+        broken.write_bytes(cut)
+        for call, args in ((read_metadata, (broken,)), (load_checkpoint, (broken, GPT, GPTConfig))):
+            with pytest.raises(ValueError, match=rf"{broken.name} is truncated or corrupt") as info:
+                call(*args)
+            assert isinstance(info.value.__cause__, SafetensorError), name

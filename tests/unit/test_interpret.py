@@ -379,3 +379,20 @@ def test_ablate_tokens_zero_and_mean_equal_single_runs(setup, means):
         interpret.ablate_tokens(encoder, ids, reference, "mean")
     with pytest.raises(TypeError, match="DatasetMeans"):
         interpret.mean_ablate_heads(encoder, ids, reference, "zero")
+
+
+def test_attention_rollout_with_residual_0_and_a_zero_row_raises_naming_residual():
+    # Regression: with residual=0 a query row whose head-averaged weights sum to zero (e.g. a padded
+    # query that sees nothing, a zero row by the package's mask convention) was renormalised as 0/0,
+    # and the rollout came back with NaN rows. It now raises, naming residual, the layer and the row.
+    w = np.array([[[[0.5, 0.5, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]]])  # (1, 1, 3, 3): row 2 sees nothing
+    with pytest.raises(ValueError, match=r"residual=0.*row 2 of layer 0"):
+        interpret.attention_rollout(w, residual=0.0)
+    with pytest.raises(ValueError, match=r"residual=0 leaves row 2 of layer 1"):
+        interpret.attention_rollout(np.stack([np.eye(3)[None], w[0]]), residual=0)  # the second layer's row
+    # any residual > 0 keeps such a row well defined: the identity keeps the token where it is
+    got = interpret.attention_rollout(w, residual=0.5)
+    np.testing.assert_allclose(got, [[0.75, 0.25, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], rtol=0, atol=1e-15)
+    # a row whose sum overflows (finite weights near the float64 maximum) is refused, not 0 or NaN
+    with pytest.raises(ValueError, match=r"weights.*layer 0.*row 0.*sum"):
+        interpret.attention_rollout(np.full((1, 2, 2, 2), 1e308), residual=0.0)

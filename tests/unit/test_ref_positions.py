@@ -304,6 +304,9 @@ def test_torch_small_functions_equal_ref():
         (lambda: ref.ntk_scaled_base(10000.0, 2.0, 2), ValueError, "d_head must be > 2"),
         (lambda: ref.ntk_scaled_base(0.5, 2.0, 64), ValueError, "base"),
         (lambda: ref.alibi_slopes(0), ValueError, "n_heads"),
+        # an empty feature axis names x (it raised "d_head must be > 0", an argument the caller did not pass)
+        (lambda: ref.apply_rope(np.zeros((3, 0)), np.arange(3.0)), ValueError,
+         r"^x's last axis Dh must be even and > 0 .*got shape \(3, 0\)"),
         (lambda: ref.alibi_slopes(2.0), TypeError, "n_heads"),
         (
             lambda: ref.alibi_bias(np.ones((2, 2)), np.arange(3), np.arange(3)),
@@ -332,3 +335,16 @@ def test_ref_is_exported_and_documented():
         assert getattr(ref, name) is getattr(rp, name)
         doc = getattr(rp, name).__doc__
         assert "chapter 08" in doc and "Source:" in doc and "Raises:" in doc, name
+
+
+def test_ref_alibi_slopes_refuses_more_heads_than_the_torch_paths_bound():
+    # Regression: the torch alibi_slopes gained a bound of 2**16 heads (issue 31 item 9); the reference had
+    # none, and 2**26 heads built and returned a 512 MiB array (2**22 took 1.6 s here).
+    with pytest.raises(ValueError, match=r"n_heads must be at most ALIBI_MAX_HEADS = 65536.*got 67108864"):
+        ref.alibi_slopes(2**26)
+    with pytest.raises(ValueError, match=r"got 65537"):
+        ref.alibi_slopes(65537)
+    top = ref.alibi_slopes(65536)  # the bound itself: the paper's sequence 2^(-8 h / H), the last slope 2^-8
+    assert top.shape == (65536,)
+    # r * r**h, a power of a number rounded once: the last slope within 1e-11 relative of 2^-8
+    np.testing.assert_allclose(top[[0, -1]], [2.0 ** (-8.0 / 65536), 2.0 ** -8], rtol=1e-11, atol=0)

@@ -209,7 +209,7 @@ def apply_rope(
 
     Raises:
         TypeError: ``x`` or ``positions`` not real numbers (a torch tensor is refused). ValueError:
-        ``x`` with fewer than 2 dims or an odd last axis, ``positions`` not of shape (T,), unknown
+        ``x`` with fewer than 2 dims or an odd or empty last axis, ``positions`` not of shape (T,), unknown
         ``layout``, ``base`` <= 1, ``interpolation`` < 1.
 
     Source: Su et al. 2021, section 3.2.1, eq. 12 (the complex form of one pair), with the frequencies
@@ -219,9 +219,9 @@ def apply_rope(
     if x.ndim < 2:
         raise ValueError(f"x must have shape (..., T, Dh) (at least 2 dims); got shape {x.shape}")
     T, Dh = x.shape[-2:]
-    if Dh % 2:
+    if Dh % 2 or Dh == 0:  # checked here: rope_frequencies would name d_head, which the caller did not pass
         raise ValueError(
-            f"x's last axis Dh must be even (features are rotated in pairs); got shape {x.shape}"
+            f"x's last axis Dh must be even and > 0 (features are rotated in pairs); got shape {x.shape}"
         )
     layout = _layout(layout)
     p = _positions("positions", positions)
@@ -286,19 +286,30 @@ def ntk_scaled_base(base: float, factor: float, d_head: int) -> float:
 # --- ALiBi (Press et al. 2022) ---------------------------------------------------------------------
 
 
+# The head-count bound of alibi_slopes, the torch path's (selfattn.positions.ALIBI_MAX_HEADS), kept here
+# because the reference shares no code with the torch path.
+ALIBI_MAX_HEADS = 1 << 16
+
+
 def alibi_slopes(n_heads: int) -> np.ndarray:
     """ALiBi's head slopes, (H,) float64.
 
     For n heads, n a power of two: the geometric sequence whose first term and ratio are both
     ``2^(-8/n)`` (8 heads: 1/2, 1/4, ..., 1/256). Otherwise: the n slopes of the largest power of two
     n < H, then the first H - n of the slopes at odd places (1st, 3rd, ...) of the 2n-head sequence.
+    ``n_heads`` is at most ``ALIBI_MAX_HEADS`` = 2**16, as in the torch path (real models have at most
+    a few hundred heads; 2**26 heads took seconds and over a GB without a bound).
 
     Raises:
-        TypeError / ValueError: ``n_heads`` not a positive int.
+        TypeError / ValueError: ``n_heads`` not a positive int, or above ``ALIBI_MAX_HEADS``
+        (checked before anything is allocated).
 
     Source: Press et al. 2022, section 3 (and the non-power-of-two rule of its released code); chapter 08.
     """
     H = require_positive_int("n_heads", n_heads)
+    if H > ALIBI_MAX_HEADS:
+        raise ValueError(f"n_heads must be at most ALIBI_MAX_HEADS = {ALIBI_MAX_HEADS} (2**16, far above any "
+                         f"real model's head count); got {H}")
 
     def geometric(n: int) -> np.ndarray:
         r = 2.0 ** (-8.0 / n)
