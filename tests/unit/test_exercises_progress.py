@@ -185,3 +185,45 @@ def test_every_chapter_check_registers_itself():
         for check in checks:
             assert check.exercise in ex._REGISTRY and ex._REGISTRY[check.exercise]["module"] == module.__name__
             assert check.__name__ in ex._REGISTRY[check.exercise]["parts"]
+
+
+def test_one_check_of_two_functions_is_in_progress_while_the_second_is_a_stub(monkeypatch):
+    """6.1 checks split_heads and merge_heads together: split written, merge still raising NotImplementedError, the
+    exercise is in progress (it read 'not attempted', as if neither were written)."""
+    from selfattn.exercises import ch06
+
+    name = ch06.check_split_merge_heads.exercise
+    entry = ex._REGISTRY[name]
+    monkeypatch.setattr(ex, "_REGISTRY", {name: dict(entry, parts={p: {"name": None, "feedback": None} for p in entry["parts"]})})
+
+    def my_split_heads(x, n_heads):
+        B, T, D = x.shape
+        return x.reshape(B, T, n_heads, D // n_heads).transpose(1, 2)
+
+    def my_merge_heads(x):
+        raise NotImplementedError
+
+    fb = ch06.check_split_merge_heads(my_split_heads, my_merge_heads)
+    assert not fb.attempted
+    assert _progress()[0] == {name: "in progress"}
+
+    def stub_split(x, n_heads):
+        raise NotImplementedError
+
+    monkeypatch.setattr(ex, "_REGISTRY", {name: dict(entry, parts={p: {"name": None, "feedback": None} for p in entry["parts"]})})
+    assert not ch06.check_split_merge_heads(stub_split, my_merge_heads).attempted
+    assert _progress()[0] == {name: "not attempted"}
+
+    def my_merge_heads(x):  # noqa: F811  (the learner fills in the second stub)
+        B, H, T, Dh = x.shape
+        return x.transpose(1, 2).reshape(B, T, H * Dh)
+
+    monkeypatch.setattr(ex, "_REGISTRY", {name: dict(entry, parts={p: {"name": None, "feedback": None} for p in entry["parts"]})})
+    assert ch06.check_split_merge_heads(my_split_heads, my_merge_heads)
+    assert _progress()[0] == {name: "passed"}
+
+    def my_split_heads_empty(x, n_heads):
+        pass
+
+    monkeypatch.setattr(ex, "_REGISTRY", {name: dict(entry, parts={p: {"name": None, "feedback": None} for p in entry["parts"]})})
+    assert not ch06.check_split_merge_heads(my_split_heads_empty, lambda x: x).attempted  # an empty body: not attempted

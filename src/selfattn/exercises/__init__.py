@@ -132,7 +132,13 @@ def call_learner(exercise: str, fn: Callable, *args, **kwargs):
         raise _LearnerError(failed(exercise, f"Your function raised {type(err).__name__}: {err}")) from None
     if result is None:
         raise _LearnerError(failed(exercise, "Your function returned None: did you forget `return`?"))
+    _ANSWERS[0] += 1  # one of the learner's functions answered: a check of two functions has begun
     return result
+
+
+# How many learner functions have answered (returned a value) through call_learner: a check of two functions
+# (6.1's split and merge) whose second still raises NotImplementedError has its first part attempted.
+_ANSWERS = [0]
 
 
 # The progress registry: exercise name -> its chapter module and, per part (each check made for the exercise,
@@ -154,7 +160,7 @@ def _learner_name(args, kwargs) -> str | None:
     return None
 
 
-def _record(exercise: str, part: str, args, kwargs, feedback: Feedback) -> None:
+def _record(exercise: str, part: str, args, kwargs, feedback: Feedback, started: bool = False) -> None:
     """Keep ``feedback`` as the verdict on ``part`` of ``exercise`` when it judged the learner's function: the
     first function checked for a part (the stub the chapter asks to fill in) is the one followed; a function
     of another name (a chapter's demonstration of a wrong answer) does not change the verdict."""
@@ -166,19 +172,21 @@ def _record(exercise: str, part: str, args, kwargs, feedback: Feedback) -> None:
     if state["name"] is None:
         state["name"] = name
     if state["name"] == name:
-        state["feedback"] = feedback
+        state["feedback"], state["started"] = feedback, started
 
 
-def _part_status(feedback: Feedback | None) -> str:
+def _part_status(state: dict) -> str:
+    feedback = state["feedback"]
     if feedback is None or not getattr(feedback, "attempted", True):
-        return "not attempted"
+        return "in progress" if state.get("started") else "not attempted"
     return "passed" if bool(feedback) else "failed"
 
 
 def _status(entry: dict) -> str:
     """An exercise's status from its parts': passed when every part passed, failed when any part failed, not
-    attempted when no part was attempted, in progress otherwise (some parts passed, the others not attempted)."""
-    parts = [_part_status(state["feedback"]) for state in entry["parts"].values()]
+    attempted when no part was attempted, in progress otherwise (some parts passed, the others not attempted;
+    or a check of two functions, one answered and the other still a stub)."""
+    parts = [_part_status(state) for state in entry["parts"].values()]
     if any(s == "failed" for s in parts):
         return "failed"
     if all(s == "passed" for s in parts):
@@ -236,18 +244,22 @@ def checker(exercise: str):
 
     def wrap(check):
         entry = _REGISTRY.setdefault(exercise, {"module": check.__module__, "parts": {}})
-        entry["parts"].setdefault(check.__name__, {"name": None, "feedback": None})
+        entry["parts"].setdefault(check.__name__, {"name": None, "feedback": None, "started": False})
 
         def run(*args, **kwargs) -> Feedback:
+            answers = _ANSWERS[0]
             try:
-                # An empty body (`pass`, `...`, a docstring) in any function handed in: not attempted yet,
-                # for every check alike, also those that call the learner without call_learner.
-                if any(callable(a) and is_empty_stub(a) for a in (*args, *kwargs.values())):
+                # An empty body (`pass`, `...`, a docstring) in every function handed in: not attempted yet,
+                # for every check alike, also those that call the learner without call_learner. (Of two
+                # functions, an empty one is found by call_learner when the check reaches it.)
+                functions = [a for a in (*args, *kwargs.values()) if callable(a)]
+                if functions and all(is_empty_stub(a) for a in functions):
                     raise _LearnerError(not_attempted(exercise))
                 feedback = check(*args, **kwargs)
             except _LearnerError as err:
                 feedback = err.feedback
-            _record(exercise, check.__name__, args, kwargs, feedback)
+            started = not feedback.attempted and len(functions) > 1 and _ANSWERS[0] > answers
+            _record(exercise, check.__name__, args, kwargs, feedback, started)
             return feedback
 
         run.__name__ = check.__name__
