@@ -55,6 +55,8 @@ def check_kv_cache_bytes(fn):
         expected = 2 * L * H_kv * Dh * nbytes * n
         if isinstance(got, bool) or not isinstance(got, (int, float, np.integer, np.floating)):
             return failed(_EX1, f"Return one number of bytes; got {type(got).__name__}.")
+        if not np.isfinite(float(got)):
+            return failed(_EX1, f"Your number of bytes is {float(got)}; it should be a finite whole number.")
         if got == expected:
             continue
         if got == expected // 2:
@@ -192,7 +194,8 @@ def check_top_p_keep(fn):
                           f"{getattr(got, 'shape', type(got).__name__)}.")
         problem = bool_mask_problem(got)
         if problem is not None:
-            return failed(_EX3, f"Return a boolean tensor, True for the tokens kept: {problem}")
+            return failed(_EX3, f"Return a boolean tensor, True for the tokens kept; you returned dtype "
+                                f"{getattr(got, 'dtype', np.asarray(got).dtype)}. If 1 means kept, convert with .bool().")
         keep = arr.astype(bool)
         if np.array_equal(keep, expected):
             continue

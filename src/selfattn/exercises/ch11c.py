@@ -73,6 +73,8 @@ def check_kivi_bytes(fn):
         got = call_learner(_EX2, fn, Dh, b, G)
         if isinstance(got, bool) or not isinstance(got, (int, float, np.integer, np.floating)):
             return failed(_EX2, f"Return one number of bytes; got {type(got).__name__}.")
+        if not np.isfinite(float(got)):
+            return failed(_EX2, f"Your number of bytes is {float(got)}; it should be a finite number.")
         data = 2 * Dh * b / 8
         expected = data + Dh * 4 / G + (Dh // G) * 4
         if np.isclose(got, expected):

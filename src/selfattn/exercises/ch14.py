@@ -32,7 +32,7 @@ def _as_number(ex, raw, what):
     if isinstance(raw, np.ndarray) and raw.size == 1:
         raw = raw.item()
     if isinstance(raw, bool) or not isinstance(raw, (int, float, np.integer, np.floating)):
-        return None, failed(ex, f"Return {what}, one number (use .item() on a 0-d tensor); got "
+        return None, failed(ex, f"Return the {what}, one number (use .item() on a 0-d tensor); got "
                                 f"{type(raw).__name__}{tuple(getattr(raw, 'shape', ())) or ''}.")
     if not np.isfinite(float(raw)):
         return None, failed(ex, f"Your {what} is {float(raw)}; it should be a finite number.")
