@@ -163,7 +163,8 @@ def _learner_name(args, kwargs) -> str | None:
 def _record(exercise: str, part: str, args, kwargs, feedback: Feedback, started: bool = False) -> None:
     """Keep ``feedback`` as the verdict on ``part`` of ``exercise`` when it judged the learner's function: the
     first function checked for a part (the stub the chapter asks to fill in) is the one followed; a function
-    of another name (a chapter's demonstration of a wrong answer) does not change the verdict."""
+    of another name (a chapter's demonstration of a wrong answer) does not change the verdict. ``started``:
+    the verdict is "not attempted", but one of the several functions handed to the check answered."""
     entry = _REGISTRY.get(exercise)
     name = _learner_name(args, kwargs)
     if entry is None or name is None or part not in entry["parts"]:
@@ -201,7 +202,8 @@ def progress(*, file=None) -> dict[str, str]:
     are not attempted yet (a stub that raises ``NotImplementedError`` counts as not attempted, and so does
     an exercise never checked). An exercise of several parts (several checks, e.g. a main part and its
     follow-up) passed when all its parts passed, failed when any failed, is not attempted when none was
-    attempted, and in progress when some passed and the others are not attempted yet.
+    attempted, and in progress when some passed and the others are not attempted yet (so is a check of two
+    functions, 6.1's split and merge, while one answers and the other is still a stub).
 
     Args:
         file: where to print (default ``sys.stdout``).
