@@ -173,3 +173,25 @@ def test_cross_entropy_shape_and_crash():
     assert not fb and "shape" in fb.message
     fb = ch02.check_cross_entropy(lambda z, y: z[y.astype(float)])
     assert not fb and "raised IndexError" in fb.message
+
+
+def test_stable_softmax_names_division_without_exp_negative_weights_and_leading_axes():
+    """Three named mistakes the other tests did not reach (issue 27: every named wrong answer is tested)."""
+    fb = ch02.check_stable_softmax(lambda x: x / x.sum(axis=-1, keepdims=True))
+    assert not fb.ok and "without exp" in fb.message, fb.message
+
+    def negative(x):  # rows still sum to 1, but a weight is pushed below 0
+        w = stable_softmax(x)
+        d = np.zeros_like(w)
+        d[..., 0], d[..., 1] = -2.0, 2.0
+        return w + d
+
+    fb = ch02.check_stable_softmax(negative)
+    assert not fb.ok and "negative" in fb.message, fb.message
+
+    def second_axis(x):  # right for (T, S), wrong for (2, 3, 4): axis 1 is not the last one
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    fb = ch02.check_stable_softmax(second_axis)
+    assert not fb.ok and "any number of leading axes" in fb.message, fb.message

@@ -221,3 +221,9 @@ def test_bottom_right_mask_stub_and_crash():
     assert not ch04.check_bottom_right_mask(stub).attempted
     fb = ch04.check_bottom_right_mask(lambda T, S: torch.ones(T, S, dtype=torch.bool))
     assert not fb and "should not see key" in fb.message
+
+
+def test_causal_mask_names_a_blocked_past_key():
+    """A mask that hides keys it should show (a window of 2, not the whole past) is named by query and key."""
+    fb = ch04.check_causal_mask(lambda T: _tril(T) & ~_tril(T, -2))
+    assert not fb and "should see key" in fb.message and "blocks it" in fb.message, fb.message

@@ -189,3 +189,8 @@ def test_mean_pool_stub_and_type():
 
     fb = ch05.check_mean_pool(forgot_return)
     assert not fb and "return" in fb.message
+
+
+def test_cross_attention_names_unscaled_scores():
+    feedback = ch05.check_cross_attention(lambda X_q, X_kv, *W: _cross(X_q, X_kv, *W, scale=1.0))
+    assert not feedback and "did not scale" in feedback.message, feedback.message

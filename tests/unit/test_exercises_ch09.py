@@ -154,3 +154,13 @@ def test_bytes_solution_passes_and_mistakes_are_named():
         assert not feedback and words in feedback.message, feedback.message
     feedback = ch09.check_attention_bytes(lambda *a: float("inf"))
     assert not feedback and "finite" in feedback.message
+
+
+def test_window_that_reads_one_future_key_is_caught():
+    def one_future_key(T, w):
+        mask = sliding_window_mask(T, w).clone()
+        mask[0, 1] = True
+        return mask
+
+    feedback = ch09.check_sliding_window_mask(one_future_key)
+    assert not feedback and "keys after it" in feedback.message, feedback.message

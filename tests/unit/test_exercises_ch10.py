@@ -229,3 +229,11 @@ def test_causal_tiles_solution_passes_and_mistakes_are_named():
     for fn, words in cases:
         feedback = ch10.check_causal_tiles(fn)
         assert not feedback and words in feedback.message, feedback.message
+
+
+def test_backward_that_builds_all_the_weights_is_refused():
+    def full(q, k, v, out, lse, d_out, block_q, block_k):  # right gradients from the whole (T, S) matrix P
+        return solution_backward(q, k, v, out, lse, d_out, q.shape[0], k.shape[0])
+
+    feedback = ch10.check_flash_backward(full)
+    assert not feedback and "not tiled" in feedback.message and "MiB" in feedback.message, feedback.message

@@ -9,6 +9,10 @@ def kv_cache_bytes(n_layers, n_heads, n_kv_heads, d_head, bytes_per_number, n_to
     return 2 * n_layers * n_kv_heads * d_head * bytes_per_number * n_tokens
 
 
+def sequences_that_fit(memory_bytes, n_weights, bytes_per_weight, cache_bytes_per_sequence):
+    return max(0, int((memory_bytes - n_weights * bytes_per_weight) // cache_bytes_per_sequence))
+
+
 def gqa(Q, K, V, *, tiled=False):
     n_rep = Q.shape[1] // K.shape[1]
     if tiled:
@@ -49,6 +53,8 @@ def top_p_keep(probs, p, *, include_crossing=True, all_at_one=True):
 
 def test_solutions_pass():
     assert ch11.check_kv_cache_bytes(kv_cache_bytes)
+    assert ch11.check_sequences_that_fit(sequences_that_fit)
+    assert ch11.check_sequences_that_fit(lambda *a: float(sequences_that_fit(*a)))  # 59.0 is a whole number too
     assert ch11.check_gqa(gqa)
     assert ch11.check_top_p_keep(top_p_keep)
     assert ch11.check_block_table_gather(gather)
@@ -63,7 +69,7 @@ def test_stubs_are_not_attempted():
     def raises(*args):
         raise NotImplementedError
 
-    for check in (ch11.check_kv_cache_bytes, ch11.check_gqa, ch11.check_top_p_keep, ch11.check_block_table_gather,
+    for check in (ch11.check_kv_cache_bytes, ch11.check_sequences_that_fit, ch11.check_gqa, ch11.check_top_p_keep, ch11.check_block_table_gather,
                   ch11.check_top_p_sample):
         for fn in (stub, raises):
             fb = check(fn)
@@ -82,6 +88,26 @@ def test_cache_size_mistakes_are_named():
     for words, fn in cases.items():
         fb = ch11.check_kv_cache_bytes(fn)
         assert not fb.ok and words in fb.message, (words, fb.message)
+
+
+def test_sequences_that_fit_mistakes_are_named():
+    """The follow-up of 11.1; expected: Llama 3.1 8B, (80e9 - 2 x 8.03e9) / 2**30 = 59.55 -> 59 sequences."""
+    assert sequences_that_fit(80e9, 8.03e9, 2, kv_cache_bytes(32, 32, 8, 128, 2, 8192)) == 59
+    import math
+
+    cases = {
+        "divided all the memory": lambda m, n, b, c: int(m // c),
+        "one byte per weight": lambda m, n, b, c: int((m - n) // c),
+        "rounded up": lambda m, n, b, c: max(0, math.ceil((m - n * b) / c)),
+        "not a whole number": lambda m, n, b, c: (m - n * b) / c,
+        "no sequence fits": lambda m, n, b, c: int((m - n * b) // c),
+        "59 sequences fit; you returned 58": lambda m, n, b, c: max(0, int((m - n * b) // c) - 1),
+        "return one number of sequences": lambda *a: [59],
+        "finite whole number": lambda *a: float("nan"),
+    }
+    for words, fn in cases.items():
+        fb = ch11.check_sequences_that_fit(fn)
+        assert not fb.ok and fb.attempted and words in fb.message, (words, fb.message)
 
 
 def test_gqa_mistakes_are_named():

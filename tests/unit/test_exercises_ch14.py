@@ -20,6 +20,9 @@ def test_induction_solution_passes_and_mistakes_are_named():
         (lambda w, L: w[:, :, L + torch.arange(L - 1), L + torch.arange(L - 1) - 1].mean(dim=(0, 2)), "previous-token"),
         (lambda w, L: induction_score(w, L, offset=2), "Off by one"),
         (lambda w, L: induction_score(w, L, transposed=True), "weights[key, query]"),
+        (lambda w, L: w[:, :, L + torch.arange(L - 1), torch.arange(1, L)].sum(dim=(0, 2)), "You summed"),
+        (lambda w, L: w.diagonal(offset=-(L - 1), dim1=-2, dim2=-1).mean(dim=(0, 2)), "whole diagonal"),
+        (lambda w, L: w.diagonal(offset=-(L - 1), dim1=-2, dim2=-1)[..., 1:].mean(dim=(0, 2)), "One query too many"),
         (lambda w, L: induction_score(w, L).mean(), "one number"),
         (lambda w, L: induction_score(w, L)[:2], "should have shape"),
         (lambda w, L: induction_score(w, L) * torch.nan, "NaN"),
@@ -42,10 +45,10 @@ def decode_step(x, K_cache, V_cache, W_Q, W_K, W_V, W_O, *, mistake=None):
     else:
         K, V = torch.cat([K_cache, k], dim=2), torch.cat([V_cache, v], dim=2)  # (B, H, S + 1, Dh)
     K_read, V_read = (K_cache, V_cache) if mistake == "before_append" else (K, V)
-    scores = q @ K_read.transpose(-2, -1) / (1.0 if mistake == "no_scale" else Dh**0.5)  # (B, H, 1, S + 1)
+    scores = q @ K_read.transpose(-2, -1) / {"no_scale": 1.0, "sqrt_D": D**0.5}.get(mistake, Dh**0.5)  # (B, H, 1, S + 1)
     if mistake == "top_left":
         scores = scores.masked_fill(~torch.tril(torch.ones(1, scores.shape[-1], dtype=torch.bool)), float("-inf"))
-    context = (torch.softmax(scores, dim=-1) @ V_read).transpose(1, 2).reshape(B, 1, D)
+    context = (torch.softmax(scores, dim=-2 if mistake == "query_axis" else -1) @ V_read).transpose(1, 2).reshape(B, 1, D)
     out = context if mistake == "no_W_O" else context @ W_O
     if mistake == "old_cache":
         return out, K_cache, V_cache
@@ -55,7 +58,8 @@ def decode_step(x, K_cache, V_cache, W_Q, W_K, W_V, W_O, *, mistake=None):
 def test_decode_step_solution_passes_and_mistakes_are_named():
     assert ch14.check_decode_step(decode_step)
     cases = (("before_append", "cache only"), ("top_left", "only the first key"), ("no_scale", "sqrt(Dh)"),
-             ("no_W_O", "output projection W_O"), ("prepend", "new position first"), ("old_cache", "still has S = 5"))
+             ("no_W_O", "output projection W_O"), ("prepend", "new position first"), ("old_cache", "still has S = 5"),
+             ("sqrt_D", "sqrt(D), the model width"), ("query_axis", "over the queries (dim=-2)"))
     for mistake, words in cases:
         fb = ch14.check_decode_step(lambda *a, m=mistake: decode_step(*a, mistake=m))
         assert not fb.ok and words in fb.message, (mistake, fb.message)

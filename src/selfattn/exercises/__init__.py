@@ -132,12 +132,19 @@ def call_learner(exercise: str, fn: Callable, *args, **kwargs):
         raise _LearnerError(failed(exercise, f"Your function raised {type(err).__name__}: {err}")) from None
     if result is None:
         raise _LearnerError(failed(exercise, "Your function returned None: did you forget `return`?"))
+    _ANSWERS[0] += 1  # one of the learner's functions answered: a check of two functions has begun
     return result
 
 
-# The progress registry: exercise name -> its chapter module and the learner's latest verdict. A check
-# registers its exercise when its module is imported (the @checker below), so every chapter's checks take
-# part without code of their own.
+# How many learner functions have answered (returned a value) through call_learner: a check of two functions
+# (6.1's split and merge) whose second still raises NotImplementedError has its first part attempted.
+_ANSWERS = [0]
+
+
+# The progress registry: exercise name -> its chapter module and, per part (each check made for the exercise,
+# by the check's name: a main part and a follow-up, a forward and a backward), the learner's function followed
+# and its latest verdict. A check registers its part when its module is imported (the @checker below), so
+# every chapter's checks take part without code of their own.
 _REGISTRY: dict[str, dict] = {}
 
 
@@ -153,41 +160,62 @@ def _learner_name(args, kwargs) -> str | None:
     return None
 
 
-def _record(exercise: str, args, kwargs, feedback: Feedback) -> None:
-    """Keep ``feedback`` as the exercise's verdict when it judged the learner's function: the first
-    function checked for an exercise (the stub the chapter asks to fill in) is the one followed; a
-    function of another name (a chapter's demonstration of a wrong answer) does not change the verdict."""
+def _record(exercise: str, part: str, args, kwargs, feedback: Feedback, started: bool = False) -> None:
+    """Keep ``feedback`` as the verdict on ``part`` of ``exercise`` when it judged the learner's function: the
+    first function checked for a part (the stub the chapter asks to fill in) is the one followed; a function
+    of another name (a chapter's demonstration of a wrong answer) does not change the verdict. ``started``:
+    the verdict is "not attempted", but one of the several functions handed to the check answered."""
     entry = _REGISTRY.get(exercise)
     name = _learner_name(args, kwargs)
-    if entry is None or name is None:
+    if entry is None or name is None or part not in entry["parts"]:
         return
-    if entry["name"] is None:
-        entry["name"] = name
-    if entry["name"] == name:
-        entry["feedback"] = feedback
+    state = entry["parts"][part]
+    if state["name"] is None:
+        state["name"] = name
+    if state["name"] == name:
+        state["feedback"], state["started"] = feedback, started
 
 
-def _status(feedback: Feedback | None) -> str:
+def _part_status(state: dict) -> str:
+    feedback = state["feedback"]
     if feedback is None or not getattr(feedback, "attempted", True):
-        return "not attempted"
+        return "in progress" if state.get("started") else "not attempted"
     return "passed" if bool(feedback) else "failed"
+
+
+def _status(entry: dict) -> str:
+    """An exercise's status from its parts': passed when every part passed, failed when any part failed, not
+    attempted when no part was attempted, in progress otherwise (some parts passed, the others not attempted;
+    or a check of two functions, one answered and the other still a stub)."""
+    parts = [_part_status(state) for state in entry["parts"].values()]
+    if any(s == "failed" for s in parts):
+        return "failed"
+    if all(s == "passed" for s in parts):
+        return "passed"
+    if all(s == "not attempted" for s in parts):
+        return "not attempted"
+    return "in progress"
 
 
 def progress(*, file=None) -> dict[str, str]:
     """Print, per chapter whose exercises were imported in this kernel, which exercises passed, failed or
     are not attempted yet (a stub that raises ``NotImplementedError`` counts as not attempted, and so does
-    an exercise never checked).
+    an exercise never checked). An exercise of several parts (several checks, e.g. a main part and its
+    follow-up) passed when all its parts passed, failed when any failed, is not attempted when none was
+    attempted, and in progress when some passed and the others are not attempted yet (so is a check of two
+    functions, 6.1's split and merge, while one answers and the other is still a stub).
 
     Args:
         file: where to print (default ``sys.stdout``).
 
     Returns:
-        ``{exercise name: "passed" | "failed" | "not attempted"}``, in chapter order. Chapter 00.
+        ``{exercise name: "passed" | "failed" | "in progress" | "not attempted"}``, in chapter order.
+        Chapter 00.
     """
     import sys
 
     out = sys.stdout if file is None else file
-    result = {name: _status(entry["feedback"]) for name, entry in _REGISTRY.items()}
+    result = {name: _status(entry) for name, entry in _REGISTRY.items()}
     if not result:
         print("No exercises yet in this kernel: run a chapter's exercise cells, then progress() again.", file=out)
         return result
@@ -196,9 +224,10 @@ def progress(*, file=None) -> dict[str, str]:
         by_chapter.setdefault(entry["module"].rsplit(".", 1)[-1], []).append(name)
     for module in sorted(by_chapter):
         names = sorted(by_chapter[module], key=_exercise_order)
-        counts = {s: sum(result[n] == s for n in names) for s in ("passed", "failed", "not attempted")}
+        counts = {s: sum(result[n] == s for n in names) for s in ("passed", "failed", "in progress", "not attempted")}
+        started = f"{counts['in progress']} in progress, " if counts["in progress"] else ""
         print(f"Chapter {module[2:]}: {counts['passed']} of {len(names)} passed, {counts['failed']} failed, "
-              f"{counts['not attempted']} not attempted", file=out)  # fmt: skip
+              f"{started}{counts['not attempted']} not attempted", file=out)  # fmt: skip
         for name in names:
             print(f"  {result[name]:<14} {name}", file=out)
     return {name: result[name] for module in sorted(by_chapter) for name in sorted(by_chapter[module], key=_exercise_order)}  # fmt: skip
@@ -212,21 +241,27 @@ def _exercise_order(name: str):
 def checker(exercise: str):
     """Decorator for check functions: a ``_LearnerError`` raised inside becomes the returned Feedback.
 
-    It also registers ``exercise`` for :func:`progress` and records each verdict on the learner's function."""
+    It also registers ``exercise`` for :func:`progress`, this check as one of its parts (an exercise may have
+    several checks: a main part and a follow-up), and records each verdict on the learner's function."""
 
     def wrap(check):
-        _REGISTRY.setdefault(exercise, {"module": check.__module__, "name": None, "feedback": None})
+        entry = _REGISTRY.setdefault(exercise, {"module": check.__module__, "parts": {}})
+        entry["parts"].setdefault(check.__name__, {"name": None, "feedback": None, "started": False})
 
         def run(*args, **kwargs) -> Feedback:
+            answers = _ANSWERS[0]
             try:
-                # An empty body (`pass`, `...`, a docstring) in any function handed in: not attempted yet,
-                # for every check alike, also those that call the learner without call_learner.
-                if any(callable(a) and is_empty_stub(a) for a in (*args, *kwargs.values())):
+                # An empty body (`pass`, `...`, a docstring) in every function handed in: not attempted yet,
+                # for every check alike, also those that call the learner without call_learner. (Of two
+                # functions, an empty one is found by call_learner when the check reaches it.)
+                functions = [a for a in (*args, *kwargs.values()) if callable(a)]
+                if functions and all(is_empty_stub(a) for a in functions):
                     raise _LearnerError(not_attempted(exercise))
                 feedback = check(*args, **kwargs)
             except _LearnerError as err:
                 feedback = err.feedback
-            _record(exercise, args, kwargs, feedback)
+            started = not feedback.attempted and len(functions) > 1 and _ANSWERS[0] > answers
+            _record(exercise, check.__name__, args, kwargs, feedback, started)
             return feedback
 
         run.__name__ = check.__name__

@@ -24,6 +24,9 @@ def check_swap_last_two(fn):
     if arr.shape != (2, 4, 3):
         return failed(ex, f"For X of shape (B, T, D) = (2, 3, 4) the result should have shape (2, 4, 3); got {arr.shape}.")
     expected = np.swapaxes(X.numpy(), -1, -2)
+    if not np.isfinite(arr).all():
+        return failed(ex, f"Your result holds NaN or inf in {int((~np.isfinite(arr)).sum())} of its {arr.size} entries; "
+                          "swapping axes only moves the numbers of X.")
     if np.array_equal(arr, X.numpy().reshape(2, 4, 3)):
         return failed(ex, "The shape is right but you reshaped instead of transposing: "
                           "reshape keeps the memory order, so the numbers land in the wrong places.")

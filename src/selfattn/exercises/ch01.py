@@ -60,6 +60,8 @@ def check_one_hot_lookup(fn):
         return not_attempted(_LOOKUP)
     except Exception as err:  # the learner's bug is explained, not raised
         return failed(_LOOKUP, _explain_lookup_error(err, table.shape[0]))
+    if got is None:
+        return failed(_LOOKUP, "Your function returned None: did you forget `return`?")
     arr = to_numpy(got)
     if arr is None:
         return failed(_LOOKUP, f"Return a tensor of shape (T, D); got {type(got).__name__}.")
@@ -191,6 +193,9 @@ def check_nearest_tokens(fn):
     if arr is None or arr.ndim != 1 or len(arr) != k:
         shape = None if arr is None else arr.shape
         return failed(_NEAREST, f"Return {k} ids (a list or a 1-D tensor); got shape {shape}.")
+    if not np.isfinite(arr).all() or not np.array_equal(arr, np.round(arr)):
+        return failed(_NEAREST, f"Return {k} token ids, whole numbers from 0 to {table.shape[0] - 1}; got "
+                                f"{[float(x) for x in arr]}.")
     ids = [int(x) for x in arr]
     unit = directions.numpy()
     cos = unit @ unit[i]  # (V, D) @ (D,) -> (V,)

@@ -1,12 +1,13 @@
 """Checks for the exercises of chapter 11 (attention at inference).
 
-11.1 the KV cache's size; 11.2 grouped-query attention from ``repeat_kv``; 11.3 the top-p (nucleus) set;
+11.1 the KV cache's size, and its follow-up: how many sequences' caches fit beside the weights; 11.2 grouped-query attention from ``repeat_kv``; 11.3 the top-p (nucleus) set;
 11.4 a paged cache's block-table gather; 11.5 a top-p sampler. (Merging two partial results is
 exercise 10.1.)
 Expected values are computed here with plain Python and NumPy, independently of
 :mod:`selfattn.gqa`, :mod:`selfattn.inference` and :mod:`selfattn.sampling`; the usual mistakes are
 computed too, and the check names the one the learner's answer matches: the factor 2 for keys and
-values forgotten, ``n_heads`` used instead of ``n_kv_heads``, bits instead of bytes; heads tiled instead of
+values forgotten, ``n_heads`` used instead of ``n_kv_heads``, bits instead of bytes; the weights left out of
+the memory, or counted one byte each, a partial sequence rounded up, a negative count; heads tiled instead of
 interleaved; the token that crosses p left out, the cumulative sum taken in vocabulary order instead of
 sorted order; the block table ignored or read off by one; a draw not renormalised to the kept set.
 
@@ -30,7 +31,7 @@ from . import (
     to_numpy,
 )
 
-__all__ = ["check_kv_cache_bytes", "check_gqa", "check_top_p_keep", "check_block_table_gather", "check_top_p_sample"]
+__all__ = ["check_kv_cache_bytes", "check_sequences_that_fit", "check_gqa", "check_top_p_keep", "check_block_table_gather", "check_top_p_sample"]
 
 _EX1 = "11.1 the size of the KV cache"
 _EX2 = "11.2 grouped-query attention"
@@ -54,6 +55,8 @@ def check_kv_cache_bytes(fn):
         expected = 2 * L * H_kv * Dh * nbytes * n
         if isinstance(got, bool) or not isinstance(got, (int, float, np.integer, np.floating)):
             return failed(_EX1, f"Return one number of bytes; got {type(got).__name__}.")
+        if not np.isfinite(float(got)):
+            return failed(_EX1, f"Your number of bytes is {float(got)}; it should be a finite whole number.")
         if got == expected:
             continue
         if got == expected // 2:
@@ -69,6 +72,54 @@ def check_kv_cache_bytes(fn):
                       f"and {n} tokens the cache takes {expected} bytes; you returned {got}.")
     return passed(_EX1, "2 x n_layers x n_kv_heads x d_head x bytes x tokens: Llama 3.1 8B holds 1 GiB "
                   "of cache for one 8k-token sequence in bfloat16.")
+
+
+# (memory_bytes, n_weights, bytes_per_weight, cache_bytes_per_sequence): Llama 3.1 8B in bfloat16 on an 80 GB
+# H100 with 8k-token sequences (1 GiB each; 59.55 fit, so 59), a small model in float32, weights too large.
+_FIT_CASES = ((80e9, 8.03e9, 2, 2 * 32 * 8 * 128 * 2 * 8192), (24e9, 1.5e9, 4, 3_000_000_000), (16e9, 8.03e9, 2, 2**30))
+
+
+@checker(_EX1)
+def check_sequences_that_fit(fn):
+    """The follow-up of 11.1: ``fn(memory_bytes, n_weights, bytes_per_weight, cache_bytes_per_sequence)`` -> how
+    many whole sequences' KV caches fit in the memory the weights leave free (an int, 0 when the weights alone
+    fill it): floor((memory_bytes - n_weights bytes_per_weight) / cache_bytes_per_sequence), at least 0."""
+    for memory, n_weights, nbytes, per_sequence in _FIT_CASES:
+        raw = call_learner(_EX1, fn, memory, n_weights, nbytes, per_sequence)
+        if isinstance(raw, torch.Tensor) and raw.numel() == 1:
+            raw = raw.item()
+        if isinstance(raw, np.ndarray) and raw.size == 1:
+            raw = raw.item()
+        if isinstance(raw, bool) or not isinstance(raw, (int, float, np.integer, np.floating)):
+            return failed(_EX1, f"Follow-up: return one number of sequences (an int); got {type(raw).__name__}"
+                                f"{tuple(getattr(raw, 'shape', ())) or ''}.")
+        got = float(raw)
+        if not np.isfinite(got):
+            return failed(_EX1, f"Follow-up: your count is {got}; it should be a finite whole number.")
+        free = memory - n_weights * nbytes
+        expected = max(0, int(free // per_sequence))
+        if got == expected:
+            continue
+        at = (f"Follow-up, for {memory / 1e9:g} GB of memory, {n_weights / 1e9:g} billion weights of {nbytes} bytes "
+              f"and {per_sequence:,} bytes of cache per sequence:")
+        if got != int(got):
+            return failed(_EX1, f"{at} you returned {got:g}, not a whole number: only whole sequences are served; "
+                                "round down with // (or int()).")
+        if free < 0 and got == int(free // per_sequence):
+            return failed(_EX1, f"{at} you returned {int(got)}: the weights alone take more than the memory, so no "
+                                "sequence fits; return max(0, ...).")
+        if got == max(0, int(memory // per_sequence)):
+            return failed(_EX1, f"{at} you divided all the memory by the cache: the weights take their "
+                                "n_weights x bytes_per_weight first; divide what they leave.")
+        if got == max(0, int((memory - n_weights) // per_sequence)):
+            return failed(_EX1, f"{at} you took one byte per weight: subtract n_weights x bytes_per_weight "
+                                f"({nbytes} bytes each).")
+        if got == int(np.ceil(free / per_sequence)) or got == round(free / per_sequence):
+            return failed(_EX1, f"{at} you rounded up: a sequence whose cache does not fit whole cannot be served; "
+                                "round down with //.")
+        return failed(_EX1, f"{at} {expected} sequences fit; you returned {int(got)}.")
+    return passed(_EX1, "Whole caches in what the weights leave: 59 sequences of 8k tokens for Llama 3.1 8B on an "
+                        "80 GB H100, an upper bound (activations and workspace need memory too).")
 
 
 def _np_attention(Q, K, V):
@@ -143,7 +194,8 @@ def check_top_p_keep(fn):
                           f"{getattr(got, 'shape', type(got).__name__)}.")
         problem = bool_mask_problem(got)
         if problem is not None:
-            return failed(_EX3, f"Return a boolean tensor, True for the tokens kept: {problem}")
+            return failed(_EX3, f"Return a boolean tensor, True for the tokens kept; you returned dtype "
+                                f"{getattr(got, 'dtype', np.asarray(got).dtype)}. If 1 means kept, convert with .bool().")
         keep = arr.astype(bool)
         if np.array_equal(keep, expected):
             continue

@@ -44,6 +44,8 @@ def check_mla_bytes_per_token(fn):
         expected = (r + dr) * L * nbytes
         if isinstance(got, bool) or not isinstance(got, (int, float, np.integer, np.floating)):
             return failed(_EX1, f"Return one number of bytes; got {type(got).__name__}.")
+        if not np.isfinite(float(got)):
+            return failed(_EX1, f"Your number of bytes is {float(got)}; it should be a finite whole number.")
         if got == expected:
             continue
         if got == r * L * nbytes:
@@ -66,7 +68,7 @@ def check_sliding_keep(fn):
         got = call_learner(_EX2, fn, T, w)
         problem = bool_mask_problem(got)
         if problem is not None:
-            return failed(_EX2, f"Return a boolean (T, T) tensor: {problem}")
+            return failed(_EX2, f"Return a (T, T) mask. {problem}")
         arr = to_numpy(got)
         i, j = np.arange(T)[:, None], np.arange(T)[None, :]
         expected = (j <= i) & (j > i - w)

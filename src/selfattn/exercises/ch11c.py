@@ -42,8 +42,10 @@ def check_sink_softmax(fn):
     if is_empty_stub(fn):
         return not_attempted(_EX1)
     rng = np.random.default_rng(0)
-    for sink in (0.0, 2.5, -1.0):
-        scores = rng.normal(size=(4, 6)) * 2
+    # A sink of 0 comes after the others (there exp(sink) = 1 in the denominator and the sink itself, 0, would
+    # read as plain softmax); the last case has scores near 800 and a sink above them, where exp overflows.
+    for sink, shift in ((2.5, 0.0), (-1.0, 0.0), (0.0, 0.0), (800.5, 800.0)):
+        scores = rng.normal(size=(4, 6)) * 2 + shift
         got = call_learner(_EX1, fn, scores.copy(), sink)
         m = np.maximum(scores.max(-1, keepdims=True), sink)
         e = np.exp(scores - m)
@@ -53,10 +55,14 @@ def check_sink_softmax(fn):
             return failed(_EX1, "You returned the sink's column too; drop it: the sink has no value to read.")
         if isinstance(arr, np.ndarray) and arr.shape == expected.shape and np.allclose(arr, _softmax(scores)):
             return failed(_EX1, "These are plain softmax weights: exp(sink) must join each row's denominator.")
-        if (isinstance(arr, np.ndarray) and arr.shape == expected.shape
-                and np.allclose(arr, _softmax(scores + sink))):
-            return failed(_EX1, "You added the sink to every score, which changes nothing after a softmax; "
-                          "it is one more term in the denominator.")
+        if shift and isinstance(arr, np.ndarray) and arr.shape == expected.shape and not np.isfinite(arr).all():
+            return failed(_EX1, f"With scores near {shift:g} and sink = {sink:g} your weights hold NaN or inf: exp "
+                                "overflowed. Subtract m = max(the row's largest score, sink) from the scores and from "
+                                "the sink before exp, as the stable softmax does.")
+        if not shift and sink and isinstance(arr, np.ndarray) and arr.shape == expected.shape and np.allclose(
+                arr, np.exp(scores) / (np.exp(scores).sum(-1, keepdims=True) + sink)):
+            return failed(_EX1, f"With sink = {sink:g} you added the sink itself to the denominator: the sink is a "
+                                "logit like the scores, so exp(sink) joins the sum.")
         problem = compare_arrays(_EX1, got, expected, what="the weights", atol=1e-9, rtol=1e-9)
         if problem is not None:
             return problem
@@ -73,6 +79,8 @@ def check_kivi_bytes(fn):
         got = call_learner(_EX2, fn, Dh, b, G)
         if isinstance(got, bool) or not isinstance(got, (int, float, np.integer, np.floating)):
             return failed(_EX2, f"Return one number of bytes; got {type(got).__name__}.")
+        if not np.isfinite(float(got)):
+            return failed(_EX2, f"Your number of bytes is {float(got)}; it should be a finite number.")
         data = 2 * Dh * b / 8
         expected = data + Dh * 4 / G + (Dh // G) * 4
         if np.isclose(got, expected):

@@ -32,7 +32,7 @@ def _as_number(ex, raw, what):
     if isinstance(raw, np.ndarray) and raw.size == 1:
         raw = raw.item()
     if isinstance(raw, bool) or not isinstance(raw, (int, float, np.integer, np.floating)):
-        return None, failed(ex, f"Return {what}, one number (use .item() on a 0-d tensor); got "
+        return None, failed(ex, f"Return the {what}, one number (use .item() on a 0-d tensor); got "
                                 f"{type(raw).__name__}{tuple(getattr(raw, 'shape', ())) or ''}.")
     if not np.isfinite(float(raw)):
         return None, failed(ex, f"Your {what} is {float(raw)}; it should be a finite number.")
@@ -78,6 +78,15 @@ def check_induction_score(fn):
             (np.swapaxes(weights, -1, -2)[:, :, L + i, i + 1].mean(axis=(0, 2)), "You read weights[key, query]: the "
              "weights are indexed [query, key], so the score reads weights[:, :, L + i, i + 1] (the transposed entries "
              "are all masked, 0)."),
+            (weights[:, :, L + i, i + 1].sum(axis=(0, 2)), "You summed the weights: the score is their mean over the "
+             "batch and the L - 1 positions, .mean(dim=(0, 2)), a number between 0 and 1."),
+            (np.diagonal(weights, offset=-(L - 1), axis1=-2, axis2=-1).mean(axis=(0, 2)), "You averaged the whole "
+             "diagonal L - 1 below the main one (L + 1 entries): its first entry is query L - 1 in the first copy, its "
+             "last the query 2L - 1, whose next token is not in the sequence. Keep its entries 1 .. L - 1, the queries "
+             "L + i for i = 0 .. L - 2."),
+            (np.diagonal(weights, offset=-(L - 1), axis1=-2, axis2=-1)[..., 1:].mean(axis=(0, 2)), "One query too many: "
+             "i runs from 0 to L - 2, the query 2L - 1 (i = L - 1) has no next token in the first copy to read. Take "
+             "L - 1 queries, torch.arange(L - 1)."),
         )
         for value, message in mistakes:
             if np.allclose(got, value):
@@ -90,7 +99,7 @@ def check_induction_score(fn):
 
 
 def _decode_reference(x, K_cache, V_cache, W_Q, W_K, W_V, W_O, *, append=True, prepend=False, scale=True,
-                      top_left=False, project=True):
+                      top_left=False, project=True, scale_by_D=False, softmax_axis=-1):
     B, _, D = x.shape
     H, Dh = K_cache.shape[1], K_cache.shape[-1]
 
@@ -103,10 +112,10 @@ def _decode_reference(x, K_cache, V_cache, W_Q, W_K, W_V, W_O, *, append=True, p
     else:
         K, V = np.concatenate([K_cache, k], 2), np.concatenate([V_cache, v], 2)
     K_read, V_read = (K, V) if append else (K_cache, V_cache)
-    s = q @ np.swapaxes(K_read, -1, -2) / (np.sqrt(Dh) if scale else 1.0)  # (B, H, 1, S + 1)
+    s = q @ np.swapaxes(K_read, -1, -2) / (np.sqrt(D if scale_by_D else Dh) if scale else 1.0)  # (B, H, 1, S + 1)
     if top_left:  # tril(ones(1, S + 1)): the new query sees only the first key
         s[..., 1:] = -np.inf
-    context = ref.softmax(s, axis=-1) @ V_read  # (B, H, 1, Dh)
+    context = ref.softmax(s, axis=softmax_axis) @ V_read  # (B, H, 1, Dh)
     out = context.transpose(0, 2, 1, 3).reshape(B, 1, D)
     return (out @ W_O if project else out), K, V
 
@@ -151,6 +160,10 @@ def check_decode_step(fn):
                                   "mask is needed at all)."),
             (dict(scale=False), "You forgot to divide the scores by sqrt(Dh)."),
             (dict(project=False), "You returned the concatenated heads: apply the output projection W_O."),
+            (dict(scale_by_D=True), "You divided the scores by sqrt(D), the model width: each head's scores are "
+                                    "divided by sqrt(Dh), the width of its queries and keys (D / H)."),
+            (dict(softmax_axis=-2), "Your softmax ran over the queries (dim=-2): with one new query every weight is "
+                                    "then 1 and the output sums the values. Take it over the keys, dim=-1."),
         )
         for kwargs, message in mistakes:
             if np.allclose(out, _decode_reference(x, K_cache, V_cache, *Ws, **kwargs)[0], atol=1e-10):
