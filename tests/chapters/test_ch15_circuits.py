@@ -245,7 +245,7 @@ def test_claim_42_circuits_from_the_weights_match_the_runs(chapter_model):
     assert int(k_comp[:, ind_head].argmax()) == prev_head
 
 
-def _margin(ids):
+def _margin_of(ids):
     right = ids[:, QUERY + 1]
 
     def metric(logits):
@@ -282,7 +282,7 @@ def test_claim_42_path_patching_tells_k_from_v_composition(chapter_model):
     for seed in (20_000, 20_001, 20_002):
         ids = torch.randint(config.vocab_size, (B, config.seq_len), generator=torch.Generator().manual_seed(seed))
         ids[:, SECOND:SECOND + config.span] = ids[:, FIRST:FIRST + config.span]
-        metric = _margin(ids)
+        metric = _margin_of(ids)
         m_clean = metric(model(ids).detach())
         got = {into: circuits.path_ablation(model, ids, metric, senders=senders, receivers=receivers, into=into)
                for into in (None, *shares)}
@@ -298,7 +298,7 @@ def test_claim_42_path_patching_tells_k_from_v_composition(chapter_model):
 
 def test_path_ablation_refuses_bad_arguments(chapter_model):
     run, config, clean = chapter_model
-    metric = _margin(clean)
+    metric = _margin_of(clean)
     ok = dict(senders=[(0, 0)], receivers=[(1, 0)], into="keys")
     for bad, match in [({"into": "weights"}, "into"), ({"senders": []}, "senders"), ({"receivers": [(1, 9)]}, "receivers"),
                        ({"senders": [(1, 0)]}, "below"), ({"receivers": [(1, 0), (0, 1)], "senders": [(0, 0)]}, "one layer")]:
