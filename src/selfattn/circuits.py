@@ -371,8 +371,9 @@ def path_ablation(model, input_ids: torch.Tensor, metric: Callable[[torch.Tensor
     for layer in sorted({layer for layer, _ in pairs["senders"]}):
         name = f"blocks.{layer}.attn.hook_z"
         hs = [h for s_layer, h in pairs["senders"] if s_layer == layer]
+        batch_mean = cache[name].mean(dim=0, keepdim=True)  # (1, H, T, Dh): what each head writes on average
 
-        def hook(x, n, hs=hs, mean=cache[name].mean(dim=0, keepdim=True)):  # (1, H, T, Dh): the batch mean
+        def hook(x, n, hs=hs, mean=batch_mean):
             x = x.clone()
             x[:, hs] = mean[:, hs].expand(x.shape[0], -1, -1, -1)
             return x
