@@ -12,8 +12,10 @@ no sampling, no prefill):
 - ``course compiled``: the same step under ``torch.compile`` (inductor, ``dynamic=True``: one
   compilation per size and batch serves every context), the floor that the arithmetic costs without
   Python's overhead;
-- ``HF dynamic`` / ``HF static``: ``transformers``' ``LlamaForCausalLM`` of the same shape (d_model,
-  heads, key/value heads = heads, layers, d_ff as ``intermediate_size``, vocabulary, RoPE base 10000),
+- ``HF dynamic`` / ``HF static``: ``transformers``' ``LlamaForCausalLM`` of the same size (d_model,
+  heads, key/value heads = heads, layers, vocabulary, RoPE base 10000, and ``intermediate_size`` =
+  :func:`hf_intermediate_size` (d_ff), 2/3 of d_ff rounded, so that its three feed-forward matrices
+  hold as many numbers as the course's two),
   random weights, its default attention (``sdpa``), with a ``DynamicCache`` (a ``torch.cat`` per step)
   and with a ``StaticCache`` of ``max_cache_len`` = context + 1.
 
@@ -24,8 +26,13 @@ so that every timed step reads a cache of length L and writes position L. Sizes:
 (:data:`selfattn.inference.decode_timing.CAPSTONE_SIZES`: d_model 64, 4 heads, 2 layers, d_ff 256,
 vocabulary 94) and GPT-2 small's (12 layers, d_model 768, 12 heads, d_ff 3072, vocabulary 50257).
 Not the same model in every detail: the course's GPT has biases, LayerNorm and a GELU feed-forward of
-two matrices; Llama has no biases, RMSNorm and a SwiGLU feed-forward of three d_model x d_ff
-matrices (1.5x the feed-forward arithmetic at the same d_ff). float32, CPU, ``torch.no_grad``.
+two d_model x d_ff matrices; Llama has no biases, RMSNorm and a SwiGLU feed-forward of three
+d_model x (2/3 d_ff) matrices. The weight matrices then match (exactly at GPT-2 small's d_ff 3072; at
+the capstone's 256, 2/3 rounds to 171: 64 numbers more per layer, 0.1 % of the model); what
+differs is the course's biases and norm offsets (its LayerNorms have a bias, RMSNorm has none):
+:func:`parameter_counts` gives both counts and ``tests/unit/test_decode_compare_sizes.py`` checks them
+against the built models. Results written before 2026-12-03's fix ran Llama at intermediate_size = d_ff
+(1.5x the feed-forward weights and arithmetic) and need a rerun. float32, CPU, ``torch.no_grad``.
 
 Per point (size, batch, context), ``--rounds`` rounds; in each round every engine runs ``--steps``
 steps in turn (the order rotates from round to round); an engine's time at the point is the median over
@@ -95,14 +102,50 @@ def _course_model(size: dict) -> GPT:
     return GPT(GPTConfig(block_size=64, positions="rope", **size)).eval()
 
 
-def _hf_model(size: dict):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def hf_intermediate_size(d_ff: int) -> int:
+    """Llama's ``intermediate_size`` for a course GPT of feed-forward width ``d_ff`` (int > 0).
 
-    config = LlamaConfig(vocab_size=size["vocab_size"], hidden_size=size["d_model"], intermediate_size=size["d_ff"],
-                         num_hidden_layers=size["n_layers"], num_attention_heads=size["n_heads"],
-                         num_key_value_heads=size["n_heads"], max_position_embeddings=8192, rope_theta=10000.0)
+    SwiGLU has three d_model x intermediate matrices (gate, up, down) where the course's GELU
+    feed-forward has two d_model x d_ff: 2/3 of d_ff, rounded to the nearest integer, holds as many
+    weights (Shazeer 2020, "GLU variants improve Transformer", section 2, does the same).
+    Raises ValueError if d_ff is not a positive int."""
+    if isinstance(d_ff, bool) or not isinstance(d_ff, int) or d_ff <= 0:
+        raise ValueError(f"d_ff must be a positive int, got {d_ff!r}")
+    return max(1, round(2 * d_ff / 3))
+
+
+def _hf_config(size: dict):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=size["vocab_size"], hidden_size=size["d_model"],
+                       intermediate_size=hf_intermediate_size(size["d_ff"]),
+                       num_hidden_layers=size["n_layers"], num_attention_heads=size["n_heads"],
+                       num_key_value_heads=size["n_heads"], max_position_embeddings=8192, rope_theta=10000.0)
+
+
+def parameter_counts(size: dict) -> dict:
+    """Parameters of the two models at ``size`` (a SIZES entry), counted from the shapes, not built.
+
+    Returns {"course": int, "hf": int, "matrices_course": int, "matrices_hf": int}: all parameters,
+    and those of the weight matrices alone (embedding, read-out, attention and feed-forward). The
+    course's GPT (untied, RoPE): per layer W_Q, W_K, W_V, W_O (D x D) with their biases, a feed-forward
+    of D x F and F x D with biases, two LayerNorms (weight and bias); a final LayerNorm; embedding and
+    read-out (V x D) and the read-out's bias. Llama: per layer four D x D projections, three D x I
+    (I = hf_intermediate_size(F)), two RMSNorm weights; a final RMSNorm; embedding and lm_head."""
+    D, F, V, n = size["d_model"], size["d_ff"], size["vocab_size"], size["n_layers"]
+    inter = hf_intermediate_size(F)
+    matrices_course = n * (4 * D * D + 2 * D * F) + 2 * V * D
+    matrices_hf = n * (4 * D * D + 3 * D * inter) + 2 * V * D
+    course = matrices_course + n * (4 * D + F + D + 4 * D) + 2 * D + V
+    hf = matrices_hf + n * 2 * D + D
+    return {"course": course, "hf": hf, "matrices_course": matrices_course, "matrices_hf": matrices_hf}
+
+
+def _hf_model(size: dict):
+    from transformers import LlamaForCausalLM
+
     torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(_hf_config(size)).eval()
 
 
 def _engines(model: GPT, compiled, hf, B: int, L: int, generator):
@@ -269,8 +312,9 @@ def render(seconds, contexts, verdict, meta) -> str:
              "The caches are filled to L with random keys and values of the right shape instead of a real "
              "prefill, for every engine alike, and put back to L after each step: every timed step reads a "
              f"cache of length L. Median over {meta['rounds']} interleaved rounds of the mean of {meta['steps']} "
-             "steps. float32, random weights. transformers: LlamaForCausalLM of the same shape (sdpa attention; "
-             "no biases, RMSNorm, SwiGLU with three d_model x d_ff matrices against the course's two).", "",
+             "steps. float32, random weights. transformers: LlamaForCausalLM of the same size (sdpa attention; "
+             "no biases, RMSNorm, SwiGLU with three d_model x intermediate_size matrices, intermediate_size "
+             "2/3 of the course's d_ff, against the course's two d_model x d_ff).", "",
              "## Tokens per second", ""]
     for name, by_b in seconds.items():
         for B, s in by_b.items():
@@ -319,7 +363,9 @@ def main(argv=None):
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_start": load_start,
             "load_end": os.getloadavg()[0], "wall_seconds": time.perf_counter() - start,
             "rounds": rounds, "steps": steps, "quick": args.quick, "note": args.note, "compile_seconds": compile_seconds,
-            "compile_text": ", ".join(f"{k} {v:.0f} s" for k, v in compile_seconds.items())}
+            "compile_text": ", ".join(f"{k} {v:.0f} s" for k, v in compile_seconds.items()),
+            "hf_intermediate_size": {n: hf_intermediate_size(SIZES[n]["d_ff"]) for n in seconds},
+            "parameters": {n: parameter_counts(SIZES[n]) for n in seconds}}
     table = render(seconds, contexts, verdict, meta)
     print(table)
     out = args.out if args.out is not None else (None if args.quick else RESULTS / f"decode-compare-cpu-{today}.md")

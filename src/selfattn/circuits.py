@@ -11,6 +11,9 @@ Three tools of mechanistic interpretability (Elhage et al. 2021; Olsson et al. 2
   activation taken from the clean run and report ``(m_patched - m_corrupt) / (m_clean - m_corrupt)``,
   the fraction of the clean metric restored: 1 when the patch carries everything that differs,
   0 when it carries nothing.
+- :func:`path_ablation`: path patching of one edge kind. Mean-ablate earlier heads' outputs only in
+  the stream that later heads read for their queries, keys *or* values, everything else as in the
+  clean run: the test that tells Q-, K- and V-composition apart, which a corrupted token cannot.
 - :func:`qk_circuit`, :func:`ov_circuit`, :func:`copying_score`, :func:`composition_scores`: a
   head's bilinear maps token -> token read from the weights alone, with no input run.
 
@@ -36,6 +39,7 @@ __all__ = [
     "restored_fraction",
     "patch_residual",
     "patch_heads",
+    "path_ablation",
     "qk_circuit",
     "ov_circuit",
     "copying_score",
@@ -299,6 +303,92 @@ def patch_heads(model, clean, corrupt, metric: Callable[[torch.Tensor], float], 
         for h in range(H):
             out[layer, h] = run(hooks_for([(layer, h)]))
     return out
+
+
+INTO = {"queries": "hook_q", "keys": "hook_k", "values": "hook_v"}
+
+
+@torch.no_grad()
+def path_ablation(model, input_ids: torch.Tensor, metric: Callable[[torch.Tensor], float], *, senders, receivers,
+                  into: str | None) -> float:
+    """The metric when the senders' outputs are mean-ablated only where the receivers read them.
+
+    Path patching (Wang et al. 2022, section 3; Goldowsky-Dill et al. 2023) of one kind of edge, on the
+    clean ``input_ids`` alone. Each sender head's output (``blocks.{l}.attn.hook_z``) is replaced by its
+    mean over the batch at each position (what the head writes on average, none of what it writes for
+    this sequence). ``into="queries"``, ``"keys"`` or ``"values"``: the replacement reaches only that
+    input of the receiver heads (their ``hook_q``, ``hook_k`` or ``hook_v``, taken from a run with the
+    senders ablated); every other activation, the receivers' other two inputs and the senders' direct
+    path to the logits included, is the clean run's. ``into=None`` ablates the senders everywhere (all
+    paths at once), the reference for the three.
+
+    So the three answer three different questions: does the receiver need what the senders wrote to
+    form its queries (Q-composition), its keys (K-composition), or the values it reads (V-composition)?
+
+    Args:
+        model: an AttentionOnly or a GPT (eval mode). input_ids: (B, T) int64, B >= 2 (a mean over one
+            sequence would be that sequence).
+        metric: output (B, T, V) -> float.
+        senders, receivers: non-empty lists of (layer, head); every sender's layer below every
+            receiver's, all receivers in one layer. With layers between them, the receivers' inputs
+            also carry what those layers computed from the ablated stream (then it is not one edge).
+        into: ``"queries"``, ``"keys"``, ``"values"`` or ``None``.
+
+    Returns: the metric (float) of the run so patched.
+
+    Raises:
+        ValueError: ``into`` not one of those; empty or out-of-range heads; receivers in several layers
+        or not after every sender; B < 2. TypeError: as :func:`selfattn.hooks.run_with_hooks`.
+
+    Source: Wang et al. 2022 (path patching); Elhage et al. 2021 (Q-, K-, V-composition); chapter 15.
+    """
+    if into is not None and into not in INTO:
+        raise ValueError(f"into must be one of {sorted(INTO)} or None (every path); got {into!r}")
+    require_tensor("input_ids", input_ids)
+    if input_ids.dim() != 2 or input_ids.shape[0] < 2:
+        raise ValueError(f"input_ids must be (B, T) with B >= 2 (the mean is over the batch); got {shape_of(input_ids)}")
+    if not callable(metric):
+        raise TypeError(f"metric must be a callable(output) -> float; got {type(metric).__name__}")
+    L, H = model.config.n_layers, model.config.n_heads
+    pairs = {}
+    for role, heads in (("senders", senders), ("receivers", receivers)):
+        heads = [(int(a), int(b)) for a, b in heads] if heads is not None else []
+        if not heads:
+            raise ValueError(f"{role} must be a non-empty list of (layer, head) pairs")
+        for layer, h in heads:
+            if not (0 <= layer < L and 0 <= h < H):
+                raise ValueError(f"{role} must be (layer, head) pairs in [0, {L}) x [0, {H}); got {(layer, h)}")
+        pairs[role] = heads
+    r_layers = {layer for layer, _ in pairs["receivers"]}
+    if len(r_layers) != 1:
+        raise ValueError(f"receivers must all be in one layer; got layers {sorted(r_layers)}")
+    r_layer = r_layers.pop()
+    if max(layer for layer, _ in pairs["senders"]) >= r_layer:
+        raise ValueError(f"every sender must be in a layer below the receivers' ({r_layer}); got {pairs['senders']}")
+
+    _, cache = run_with_cache(model, input_ids, names=[f"blocks.{layer}.attn.hook_z" for layer, _ in pairs["senders"]])
+    ablate = {}
+    for layer in sorted({layer for layer, _ in pairs["senders"]}):
+        name = f"blocks.{layer}.attn.hook_z"
+        hs = [h for s_layer, h in pairs["senders"] if s_layer == layer]
+        batch_mean = cache[name].mean(dim=0, keepdim=True)  # (1, H, T, Dh): what each head writes on average
+
+        def hook(x, n, hs=hs, mean=batch_mean):
+            x = x.clone()
+            x[:, hs] = mean[:, hs].expand(x.shape[0], -1, -1, -1)
+            return x
+        ablate[name] = hook
+    if into is None:
+        return float(metric(run_with_hooks(model, input_ids, ablate)))
+    point = f"blocks.{r_layer}.attn.{INTO[into]}"
+    _, ablated = run_with_cache(model, input_ids, names=[point], hooks=ablate)  # the receivers' input, senders ablated
+    r_heads = [h for _, h in pairs["receivers"]]
+
+    def patch(x, n):
+        x = x.clone()
+        x[:, r_heads] = ablated[point][:, r_heads]
+        return x
+    return float(metric(run_with_hooks(model, input_ids, {point: patch})))
 
 
 def _require_attn_only(model):

@@ -24,6 +24,7 @@ from selfattn.gqa import GQAConfig, GroupedQueryAttention
 from selfattn.inference import costs
 from selfattn.inference.decode_timing import (
     CPU_QUERY_BLOCK,
+    CPU_QUERY_SPLIT_BELOW,
     decode_step_counts,
     time_decode_step_sweep,
 )
@@ -107,6 +108,28 @@ def test_claim_25_the_roofline_experiment_adds_flops_on_the_same_bytes():
     assert CPU_QUERY_BLOCK == 32
     with pytest.raises(ValueError, match="at most 32 queries"):
         time_decode_step_sweep((1, 8), (1, 8), n_kv_heads=1, context_len=16, d_head=4, repeats=1)
+
+
+def test_claim_25_the_block_of_32_queries_is_said_only_for_the_range_the_sweep_measured():
+    """The kernel's block of 32 queries holds for calls of fewer than 192 queries (larger blocks above):
+    the chapter states the rule with that range and the sweep's own range, generated from the sweep, not as
+    a general rule in its prose (an expert found "more queries in one call would read the cache again"
+    stated for every size). Load-free: the stored notebook's text and the sweep's sizes."""
+    import json
+    from pathlib import Path
+
+    assert CPU_QUERY_BLOCK == 32 and CPU_QUERY_SPLIT_BELOW == 192
+    nb = json.loads((Path(__file__).resolve().parents[2] / "notebooks" / "11_inference.ipynb").read_text())
+    markdown = " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert "block of 32 queries" not in markdown and "blocks of 32" not in markdown
+    code = {c["id"]: "".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"}
+    text_cell = code["0a033a64"]  # the sweep's generated text: the range comes from the sweep's points
+    assert "per_call = sorted({p.batch * p.group_size for p in sweep.groups + sweep.batches})" in text_cell
+    assert "CPU_QUERY_SPLIT_BELOW" in text_cell and "per_call[0]" in text_cell and "per_call[-1]" in text_cell
+    # the chapter's sweep, (1, 2, 4, 8) x (1, 2, 4): 1 to 32 queries per call, inside the rule's range
+    sweep = time_decode_step_sweep((1, 8), (1, 4), n_kv_heads=1, context_len=16, d_head=4, repeats=1)
+    per_call = sorted({p.batch * p.group_size for p in sweep.groups + sweep.batches})
+    assert per_call == [1, 8, 32] and per_call[-1] <= CPU_QUERY_BLOCK < CPU_QUERY_SPLIT_BELOW
 
 
 def test_claim_26_gqa_equals_mha_when_every_query_head_has_its_own_kv_head():

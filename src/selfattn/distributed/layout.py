@@ -23,7 +23,7 @@ import torch
 from .._validate import require_positive_int, require_tensor, shape_of
 
 __all__ = ["LAYOUTS", "require_layout", "shard_positions", "shard_sequence", "unshard_sequence",
-           "CausalWork", "causal_work", "causal_work_formula"]
+           "CausalWork", "causal_work", "causal_work_formula", "even_work_cpu_text"]
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -153,3 +153,45 @@ def causal_work_formula(T: int, P: int, layout: str) -> CausalWork:
         pairs = [(2 * P - 1) * c * c + c * (c + 1) for _ in range(P)]
         blocks = [P] * P
     return CausalWork(pairs, blocks, max(pairs) * P / sum(pairs))
+
+
+def even_work_cpu_text(step_cpu_seconds, *, even: float = 1.1) -> str:
+    """Chapter 12's sentence on the zigzag ranks' forward compute CPU time, from the measured table.
+
+    Args: ``step_cpu_seconds``: per rank, the CPU seconds of each forward ring step (P lists of P
+    finite floats >= 0, each rank's total and its total after step 0 positive), for a layout whose ranks do the same work at every step (zigzag).
+    ``even``: a max/mean ratio below which the ranks count as even (default 1.1).
+
+    Returns "" when the ranks' totals are even; otherwise one or two sentences that say where in the table
+    the difference lies (step 0 or the later steps), with the numbers. It never puts the difference down to
+    processes queuing for the shared cores: CPU time leaves out the time a process waits for a core, so
+    that cannot explain a CPU-time difference, and the run measures nothing else that would.
+
+    Raises: ValueError: not P >= 2 lists of P such numbers, or ``even`` not > 1. Source: chapter 12.
+    """
+    import math
+
+    rows = [list(r) for r in step_cpu_seconds]
+    P = len(rows)
+    if P < 2 or any(len(r) != P for r in rows) or not all(
+            isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for r in rows for x in r) or not all(
+            sum(r) > 0 and sum(r[1:]) > 0 for r in rows):
+        raise ValueError(f"step_cpu_seconds must be P >= 2 lists of P finite seconds >= 0, each rank's total and "
+                         f"total after step 0 positive; got {rows!r}")
+    if not (isinstance(even, (int, float)) and even > 1):
+        raise ValueError(f"even must be a ratio > 1, got {even!r}")
+
+    def ratio(xs):
+        return max(xs) / (sum(xs) / len(xs))
+
+    total, first, later = ratio([sum(r) for r in rows]), [r[0] for r in rows], ratio([sum(r[1:]) for r in rows])
+    if total < even:
+        return ""
+    where = (f"the table puts the difference in step 0, each rank's own diagonal block, the same work on every rank "
+             f"({1e3 * min(first):.1f} to {1e3 * max(first):.1f} ms), while the later steps even out ({later:.2f} "
+             "after step 0)" if later < even else
+             f"the later steps differ too ({later:.2f} after step 0; step 0 took {1e3 * min(first):.1f} to "
+             f"{1e3 * max(first):.1f} ms)")
+    return (f"The zigzag ranks do the same work, yet their forward compute CPU times differ ({total:.2f} max/mean): "
+            f"{where}. CPU time leaves out the time a process waits for a core, so this is not the four processes "
+            "queuing for two cores; this run does not say what it is. ")

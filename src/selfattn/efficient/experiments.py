@@ -14,7 +14,7 @@ from .._validate import require_flag, require_positive_int
 from ..attention import scaled_dot_product_attention
 from .variants import linear_attention, sliding_window_attention
 
-__all__ = ["sdpa_comparison_text", "minilm_qkv", "relative_error", "variant_errors", "lookup_task", "target_weight", "fitted_slope",
+__all__ = ["sdpa_comparison_text", "tied_with_fastest", "minilm_qkv", "relative_error", "variant_errors", "lookup_task", "target_weight", "fitted_slope",
            "compare_times"]
 
 
@@ -121,6 +121,35 @@ def compare_times(time: float, reference: float, *, within: float = 0.15) -> str
     return "less" if ratio < 1 - within else "more" if ratio > 1 + within else "about the same"
 
 
+def tied_with_fastest(samples) -> tuple[object, list, dict]:
+    """Which configurations tie with the fastest, from their repeated timings.
+
+    Args: ``samples``: {name: sequence of seconds}, each at least one positive finite time (the repeats
+    of one configuration, e.g. a block size).
+
+    Returns ``(fastest, tied, spread)``: the name with the least best (minimum) time; the names, in the
+    order given, whose best time is within the spread of *the two compared*, that is
+    ``best[b] / best[fastest] - 1 <= max(spread[b], spread[fastest])``, the fastest included; and
+    ``spread[name] = max / min - 1`` of its repeats. A pair is a tie when its gap is no larger than the
+    repeats of either one vary: the gap between two sizes is judged against the noise of those two, not
+    the worst noise of every size measured (one noisy size would otherwise tie all the others).
+
+    Raises: ValueError: empty ``samples``, or a name with no time or a time that is not positive and
+    finite. Source: chapter 10 (block sizes against the caches).
+    """
+    if not samples:
+        raise ValueError("samples must hold at least one configuration's timings, got none")
+    spread, best = {}, {}
+    for name, times in samples.items():
+        times = list(times)
+        if not times or not all(isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in times):
+            raise ValueError(f"samples[{name!r}] must be positive finite seconds, got {times!r}")
+        best[name], spread[name] = min(times), max(times) / min(times) - 1
+    fastest = min(best, key=best.get)
+    tied = [b for b in best if best[b] / best[fastest] - 1 <= max(spread[b], spread[fastest])]
+    return fastest, tied, spread
+
+
 def sdpa_comparison_text(tiled_s: float, sdpa_s: float, products_s: float, noise: float,
                          between_share: float) -> tuple[str, str]:
     """(main, notes): chapter 10's sentences on the tiled loop against SDPA on a CPU, and the caveats
@@ -132,9 +161,11 @@ def sdpa_comparison_text(tiled_s: float, sdpa_s: float, products_s: float, noise
 
     The rule (issue 26): a conclusion is drawn only from a difference larger than ``noise``. When the
     loop and SDPA differ by less, the text says this run cannot tell which is faster and draws no
-    conclusion about fusion; the IO-model explanation (the unfused passes are limited by memory traffic)
-    is given only when SDPA is measurably faster *and* its whole call takes about as long as the loop's
-    products alone (:func:`compare_times`, within 15 %), or less.
+    conclusion about fusion; the fusion reading (the loop runs its softmax passes as separate operations
+    on each tile, SDPA fuses them into its tile loop) is given only when SDPA is measurably faster *and*
+    its whole call takes about as long as the loop's products alone (:func:`compare_times`, within
+    15 %), or less. What limits those separate passes (memory traffic or their fixed cost per call) is
+    not measured by the run, and the text says so instead of naming one.
 
     Raises: ValueError: a time that is not a positive finite number, a negative or non-finite noise, a
     share outside [0, 1]. Source: chapter 10.
@@ -166,9 +197,9 @@ def sdpa_comparison_text(tiled_s: float, sdpa_s: float, products_s: float, noise
     else:
         main = (f"In this run the loop took {ratio:.2f} times SDPA's time, and SDPA's whole call took "
                 + ("about as long as" if versus_products == "about the same" else "less than")
-                + " the loop's matrix products alone. The loop pays for its softmax passes separately, each a cheap "
-                "sweep limited by memory traffic (the IO model, at the level of the cache); SDPA fuses them into its "
-                "tile loop, as FlashAttention's kernel does on a GPU.")
+                + " the loop's matrix products alone. The loop pays for its softmax passes as separate operations on "
+                "each tile; SDPA fuses them into its tile loop, as FlashAttention's kernel does on a GPU. What limits "
+                "those passes, memory traffic or their cost per call, this run does not measure.")
         if versus_products == "less":
             main += " Its products also run faster than the loop's, so fusion is not the whole gap."
     return main, notes

@@ -34,7 +34,8 @@ from ..efficient import KVCache
 from ..models.gpt import GPT, GPTConfig
 
 __all__ = ["CAPSTONE_SIZES", "capstone_sized_gpt", "DecodeTiming", "time_decode", "decode_step_counts",
-           "DecodeStepPoint", "DecodeSweep", "CPU_QUERY_BLOCK", "time_decode_step_sweep", "decode_sweep_text"]
+           "DecodeStepPoint", "DecodeSweep", "CPU_QUERY_BLOCK", "CPU_QUERY_SPLIT_BELOW",
+           "time_decode_step_sweep", "decode_sweep_text"]
 
 #: The sizes of chapter 14's capstone model (notebooks/14_capstone_gpt.ipynb); its vocabulary is the
 #: 94 characters of the course's corpus.
@@ -271,6 +272,9 @@ class DecodeSweep:
 #: into blocks of 32 when a call has fewer than 192 of them, and streams all of K and V once per block. Up to
 #: this many queries per key/value head, one call reads the cache once, as :func:`decode_step_counts` counts.
 CPU_QUERY_BLOCK = 32
+#: ... and only below this many queries per call (from 192 the kernel's query blocks are larger: 64, and 256
+#: from 768), so "one block of 32" is a statement about calls of fewer than 192 queries.
+CPU_QUERY_SPLIT_BELOW = 192
 
 
 def _decode_step_fn(n_kv_heads: int, group_size: int, batch: int, context_len: int, d_head: int,

@@ -61,6 +61,7 @@ __all__ = [
     "train_lm",
     "evaluate_loss",
     "unigram_cross_entropy",
+    "seed_comparison",
 ]
 
 
@@ -836,3 +837,27 @@ def unigram_cross_entropy(train_ids: torch.Tensor, val_ids: torch.Tensor, vocab_
     counts = torch.bincount(train_ids, minlength=V).double() + 1.0  # (V,)
     log_p = torch.log(counts / counts.sum())  # (V,)
     return float(-log_p[val_ids].mean())
+
+
+def seed_comparison(gaps) -> dict:
+    """Judge a difference measured over several seeds against how much it moves from seed to seed.
+
+    Args: ``gaps``: the same difference (e.g. one model's validation loss minus another's, nats) measured
+    once per seed, at least two finite floats.
+
+    Returns {"mean": float, "spread": float, "clear": bool}: the mean over the seeds; the spread, the
+    largest minus the smallest gap (its seed-to-seed range, the run's noise); and ``clear``, whether
+    ``|mean| > spread``. A generated sentence names a direction only when ``clear``; otherwise it says the
+    run cannot tell (issue 26: no conclusion from a difference smaller than the run's noise).
+
+    Raises: ValueError: fewer than two gaps, or a gap that is not a finite number. Source: chapter 14
+    (weight tying).
+    """
+    gaps = list(gaps)
+    if len(gaps) < 2:
+        raise ValueError(f"gaps must hold at least two seeds' differences (a spread needs two), got {len(gaps)}")
+    if not all(isinstance(g, (int, float)) and math.isfinite(g) for g in gaps):
+        raise ValueError(f"gaps must be finite numbers, got {gaps!r}")
+    mean = sum(gaps) / len(gaps)
+    spread = max(gaps) - min(gaps)
+    return {"mean": mean, "spread": spread, "clear": bool(abs(mean) > spread)}
