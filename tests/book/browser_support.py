@@ -255,10 +255,11 @@ MEASURE_JS = """() => {
                   const hr = holder.getBoundingClientRect(), cr = c.getBoundingClientRect();
                   return {right: cr.right, limit: Math.min(hr.right, right), text: name(c)}; })
     .filter((c) => c.right > c.limit + 1);
-  // Printed output: a box whose text is wider than the box (it would scroll sideways) or that ends
+  // Printed output (a printed line, or a code block in a Markdown output, which myst-nb renders
+  // outside div.output): a box whose text is wider than the box (it would scroll sideways) or that ends
   // past the column; the text of its first line that does not fit, measured in the box's own font.
   const canvas = document.createElement('canvas').getContext('2d');
-  const outputs = [...article.querySelectorAll('div.cell_output div.output pre')]
+  const outputs = [...article.querySelectorAll('div.cell_output pre')]
     .filter((p) => p.scrollWidth > p.clientWidth + 1 || p.getBoundingClientRect().right > right + 1)
     .map((p) => { const cs = getComputedStyle(p); canvas.font = `${cs.fontSize} ${cs.fontFamily}`;
                   const room = p.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
