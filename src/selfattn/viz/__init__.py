@@ -138,13 +138,18 @@ def describe(fig: go.Figure, description: str) -> go.Figure:
 
 
 def add_marked_vline(fig: go.Figure, x: float, text: str, *, log_x: bool, line: dict | None = None,
-                     side: str = "right", font: dict | None = None) -> go.Figure:
+                     side: str = "right", font: dict | None = None, y: float = 1.0) -> go.Figure:
     """A vertical line at data value ``x`` across the plot, labelled ``text`` at its top; returns ``fig``.
 
     plotly's ``add_vline(annotation_text=...)`` places the label at ``x`` in axis units, but on a log
     axis an annotation's x is log10 of the data value (a shape's is the data value itself): a label
     at block 64 lands at 1e64 and the autorange stretches to it (issue 31). This helper gives the
-    annotation ``log10(x)`` when ``log_x`` is true. ``side``: "right" or "left" of the line.
+    annotation ``log10(x)`` when ``log_x`` is true. ``side``: "right" or "left" of the line; ``y``: the
+    label's top, as a fraction of the plot's height (1: the top), to stack the labels of close lines.
+
+    plotly widens an autoranged axis until a label referenced to it fits: on a narrow figure (a phone)
+    a long label near the axis's end stretches the axis far past the data (issue 31: chapter 10's
+    roofline ran to 1e14 at 390 px). A figure with such labels fixes its axis range to its data.
 
     Raises:
         ValueError: ``x`` not finite, or not > 0 on a log axis; ``side`` not "right" or "left".
@@ -156,8 +161,10 @@ def add_marked_vline(fig: go.Figure, x: float, text: str, *, log_x: bool, line: 
         raise ValueError(f"x must be finite{' and > 0 on a log axis' if log_x else ''}; got {x!r}")
     if side not in ("right", "left"):
         raise ValueError(f"side must be 'right' or 'left'; got {side!r}")
+    if not (isinstance(y, (int, float)) and 0 <= y <= 1):
+        raise ValueError(f"y must be a fraction of the plot's height in [0, 1]; got {y!r}")
     fig.add_vline(x=value, line=line or {})
-    fig.add_annotation(x=math.log10(value) if log_x else value, xref="x", y=1.0, yref="y domain", text=text,
+    fig.add_annotation(x=math.log10(value) if log_x else value, xref="x", y=float(y), yref="y domain", text=text,
                        showarrow=False, xanchor="left" if side == "right" else "right", yanchor="top",
                        font=font or {})
     return fig
