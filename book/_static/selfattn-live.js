@@ -436,7 +436,7 @@
 
     draw(text, T, weights) {
       const { n_layers: L, n_heads: H } = this.config;
-      const first = this.config.count_from ?? 1; // layers and heads counted from 1 (chapter 14) or 0 (chapter 15)
+      const first = this.config.count_from ?? 0; // layers and heads counted from 0, as in the whole course
       const chars = [...text];
       const shown = (ch) => (ch === " " ? "␣" : ch);
       this.grid.textContent = "";
@@ -496,7 +496,7 @@
       const t = Math.floor((y / side) * T), s = Math.floor((x / side) * T);
       if (t < 0 || s < 0 || t >= T || s >= T) return;
       const shown = (ch) => (ch === " " ? "␣" : ch);
-      const first = this.config.count_from ?? 1;
+      const first = this.config.count_from ?? 0;
       const who = `Layer ${l + first} · head ${h + first}: “${shown(chars[t])}” (character ${t + 1})`;
       this.readout.textContent = s > t
         ? `${who} may not read “${shown(chars[s])}” (character ${s + 1}): it comes later (causal mask), weight 0.`

@@ -240,7 +240,7 @@ def _check_measure(tokens: Sequence[str], values) -> np.ndarray:
 def _branch_heatmap(tokens: Sequence[str], v: np.ndarray) -> go.Heatmap:
     return go.Heatmap(
         z=np.round(v, 4).tolist(), x=[f"{i}:{t}" for i, t in enumerate(tokens)],
-        y=[f"layer {layer + 1}" for layer in range(v.shape[0])], colorscale=COLORSCALE,
+        y=[f"layer {layer}" for layer in range(v.shape[0])], colorscale=COLORSCALE,  # counted from 0
         hovertemplate="%{y}, token %{x}: %{z:.3f}<extra></extra>",
     )  # fmt: skip
 
