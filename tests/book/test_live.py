@@ -570,7 +570,7 @@ def test_pointing_at_a_square_reads_its_characters_and_weight(browser, site_url,
             tab.mouse.move(box["x"] + 1 + (s + 0.5) * side / T, box["y"] + 1 + (t + 0.5) * side / T)
             text = tab.eval_on_selector(readout, "e => e.textContent")
             ask, read = prompt[t].replace(" ", "␣"), prompt[s].replace(" ", "␣")
-            assert text == (f"Layer {l + 1} · head {h + 1}: “{ask}” (character {t + 1}) reads “{read}” "
+            assert text == (f"Layer {l} · head {h}: “{ask}” (character {t + 1}) reads “{read}” "
                             f"(character {s + 1}) with weight {weights[l, h, t, s]:.3f}."), (index, t, s, text)
         box = canvases.nth(1).bounding_box()
         tab.mouse.move(box["x"] + 1 + 6.5 * (box["width"] - 2) / T, box["y"] + 1 + 2.5 * (box["width"] - 2) / T)
@@ -606,5 +606,5 @@ def test_tapping_a_square_on_a_phone_reads_its_characters_and_weight(browser, si
             tab.touchscreen.tap(box["x"] + 1 + (s + 0.5) * side / T, box["y"] + 1 + (t + 0.5) * side / T)
             text = tab.evaluate(TAPPED_JS)
             ask, read = prompt[t].replace(" ", "\u2423"), prompt[s].replace(" ", "\u2423")
-            assert text == (f"Layer {l + 1} \u00b7 head {h + 1}: \u201c{ask}\u201d (character {t + 1}) reads \u201c{read}\u201d "
+            assert text == (f"Layer {l} \u00b7 head {h}: \u201c{ask}\u201d (character {t + 1}) reads \u201c{read}\u201d "
                             f"(character {s + 1}) with weight {weights[l, h, t, s]:.3f}."), (index, t, s, text)
