@@ -36,6 +36,20 @@ CONTRAST_HELPERS_JS = """  const rgba = (s) => { const m = s.match(/[\\d.]+/g) |
     return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]); };
   const background = (el) => { for (let n = el; n; n = n.parentElement) { const c = rgba(getComputedStyle(n).backgroundColor);
     if (c[3] > 0.5) return c; } return [255, 255, 255, 1]; };
+  // The colour a reader sees at one of el's text pixels (text: true) and beside it (text: false): the
+  // text's colour over el's background, over each ancestor's, every layer taken with its alpha and
+  // every element's opacity applied to all it holds, its own background included (a disabled button
+  // at opacity 0.6 fades its face and its label alike onto the page), over a white canvas.
+  const drawn = (el, text) => {
+    let c = [0, 0, 0], a = 0;
+    if (text) { const t = rgba(getComputedStyle(el).color); c = t.slice(0, 3).map((v) => v * t[3]); a = t[3]; }
+    for (let n = el; n; n = n.parentElement) {
+      const s = getComputedStyle(n), b = rgba(s.backgroundColor), o = parseFloat(s.opacity);
+      c = c.map((v, i) => v + (1 - a) * b[i] * b[3]); a += (1 - a) * b[3];
+      c = c.map((v) => v * o); a *= o;
+    }
+    return c.map((v) => v + (1 - a) * 255);
+  };
 """
 
 CHROMIUM_ARGS = [
