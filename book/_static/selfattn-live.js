@@ -483,9 +483,21 @@
           canvas.addEventListener("pointerleave", (event) => {
             if (event.pointerType !== "touch") this.readout.textContent = READOUT_HINT;
           });
+          // A mouse reads the readout where it is, under the grid; on a phone the grid is taller than
+          // the screen, so a tap puts it just under the square tapped (issue 31: it was below the fold).
+          canvas.addEventListener("pointerdown", (event) => this.placeReadout(event.pointerType === "touch" ? canvas : null));
         }
       }
       this.readout.textContent = READOUT_HINT;
+    }
+
+    /* The readout under ``canvas`` (a tap), or back in its place under the grid (null). */
+    placeReadout(canvas) {
+      const near = !!canvas;
+      this.readout.classList.toggle("selfattn-livemodel-readout-near", near);
+      if (!near) { this.readout.style.top = ""; return; }
+      const root = this.root.getBoundingClientRect(), box = canvas.getBoundingClientRect();
+      this.readout.style.top = `${box.bottom - root.top + 4}px`;
     }
 
     /* The cell under the pointer -> the readout line: which character reads which, and the weight. */
