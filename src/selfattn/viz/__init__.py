@@ -33,7 +33,7 @@ from plotly.io.base_renderers import MimetypeRenderer
 
 __all__ = ["RENDERER_NAME", "use_book_renderer", "describe", "figure_description", "COLORSCALE", "DIVERGING",
            "plotlyjs_for_classic_notebook", "enable_colab_widgets", "add_marked_vline", "with_lab_notes",
-           "views_figure"]
+           "views_figure", "live_output"]
 
 RENDERER_NAME = "selfattn"
 
@@ -50,6 +50,63 @@ def figure_description(fig: go.Figure) -> str:
     if isinstance(meta, dict):
         return str(meta.get("description", ""))
     return ""
+
+
+def live_output(render, controls: dict):
+    """An ``ipywidgets.Output`` that shows ``render(**values)`` for the controls' values now and after
+    each change: what ``ipywidgets.interactive_output`` does, with the view written into the widget's
+    own state (its ``outputs``) instead of captured by the front end.
+
+    ``interactive_output`` draws its first view while the Output widget is being created, before it
+    is displayed, and that view reaches the widget only if the front end has already routed the
+    cell's messages to it. Classic Notebook 6 during Run All had not: chapter 13's explorer stayed
+    blank until a control moved (issue 31). Here every view (the figures ``render`` shows, what it
+    prints) is captured in the kernel and set as the widget's ``outputs``, which every front end
+    (Notebook 6 and 7, JupyterLab, Colab, the book's static page) draws when it draws the widget.
+
+    Args:
+        render: ``render(**{name: control.value})``; shows figures (``fig.show()``, ``display``)
+            or prints.
+        controls: ``{argument name: widget}``, each with a ``value`` trait.
+
+    Returns:
+        The ``ipywidgets.Output``; the first view is in it before this returns.
+
+    Raises:
+        TypeError: ``controls`` not a non-empty dict of widgets with a ``value``.
+        Whatever ``render`` raises for the first view (later views show the error in the output).
+    """
+    import traceback
+
+    import ipywidgets as widgets
+    from IPython.utils.capture import capture_output
+
+    if not isinstance(controls, dict) or not controls or not all(hasattr(w, "observe") and hasattr(w, "value")
+                                                                  for w in controls.values()):
+        raise TypeError(f"controls must be a non-empty dict {{name: widget with a value}}; got {controls!r}")
+    out = widgets.Output()
+
+    def update(change=None):
+        values = {name: w.value for name, w in controls.items()}
+        outputs = []
+        with capture_output(stdout=True, stderr=True, display=True) as got:
+            try:
+                render(**values)
+            except Exception:
+                if change is None:
+                    raise
+                print(traceback.format_exc(), file=sys.stderr)
+        for name, text in (("stdout", got.stdout), ("stderr", got.stderr)):
+            if text:
+                outputs.append({"output_type": "stream", "name": name, "text": text})
+        outputs += [{"output_type": "display_data", "data": o.data, "metadata": o.metadata or {}}
+                    for o in got.outputs]
+        out.outputs = tuple(outputs)
+
+    for w in controls.values():
+        w.observe(update, names="value")
+    update()
+    return out
 
 
 def with_lab_notes(main: str, notes: str) -> str:

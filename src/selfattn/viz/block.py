@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from . import COLORSCALE, describe
+from . import COLORSCALE, describe, live_output
 
 __all__ = [
     "stream_through",
@@ -332,5 +332,5 @@ def branch_explorer_widget(
         tokens, measures = cache[sentence]
         branch_heatmap_figure(tokens, measures[measure], f"{measure} — {sentence}").show()
 
-    out = widgets.interactive_output(show, {"sentence": text, "measure": measure})
+    out = live_output(show, {"sentence": text, "measure": measure})
     return widgets.VBox([text, measure, out])

@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 import torch
 
 from .. import _validate
-from . import COLORSCALE, describe
+from . import COLORSCALE, describe, live_output
 
 __all__ = [
     "attention_entropy",
@@ -330,7 +330,7 @@ def head_explorer_widget(
         title = f"layer {layer}, head {head}"
         attention_map_figure(toks, np.asarray(w)[layer, head], title).show()
 
-    out = widgets.interactive_output(
+    out = live_output(
         show, {"sentence": text, "layer": layer_slider, "head": head_slider}
     )
     return widgets.VBox([text, widgets.HBox([layer_slider, head_slider]), out])
