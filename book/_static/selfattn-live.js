@@ -436,7 +436,7 @@
 
     draw(text, T, weights) {
       const { n_layers: L, n_heads: H } = this.config;
-      const first = this.config.count_from ?? 1; // layers and heads counted from 1 (chapter 14) or 0 (chapter 15)
+      const first = this.config.count_from ?? 0; // layers and heads counted from 0, as in the whole course
       const chars = [...text];
       const shown = (ch) => (ch === " " ? "␣" : ch);
       this.grid.textContent = "";
@@ -483,9 +483,21 @@
           canvas.addEventListener("pointerleave", (event) => {
             if (event.pointerType !== "touch") this.readout.textContent = READOUT_HINT;
           });
+          // A mouse reads the readout where it is, under the grid; on a phone the grid is taller than
+          // the screen, so a tap puts it just under the square tapped (issue 31: it was below the fold).
+          canvas.addEventListener("pointerdown", (event) => this.placeReadout(event.pointerType === "touch" ? canvas : null));
         }
       }
       this.readout.textContent = READOUT_HINT;
+    }
+
+    /* The readout under ``canvas`` (a tap), or back in its place under the grid (null). */
+    placeReadout(canvas) {
+      const near = !!canvas;
+      this.readout.classList.toggle("selfattn-livemodel-readout-near", near);
+      if (!near) { this.readout.style.top = ""; return; }
+      const root = this.root.getBoundingClientRect(), box = canvas.getBoundingClientRect();
+      this.readout.style.top = `${box.bottom - root.top + 4}px`;
     }
 
     /* The cell under the pointer -> the readout line: which character reads which, and the weight. */
@@ -496,7 +508,7 @@
       const t = Math.floor((y / side) * T), s = Math.floor((x / side) * T);
       if (t < 0 || s < 0 || t >= T || s >= T) return;
       const shown = (ch) => (ch === " " ? "␣" : ch);
-      const first = this.config.count_from ?? 1;
+      const first = this.config.count_from ?? 0;
       const who = `Layer ${l + first} · head ${h + first}: “${shown(chars[t])}” (character ${t + 1})`;
       this.readout.textContent = s > t
         ? `${who} may not read “${shown(chars[s])}” (character ${s + 1}): it comes later (causal mask), weight 0.`

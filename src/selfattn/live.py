@@ -438,8 +438,9 @@ class LivePanel:
         max_prompt: the prompt box's limit (1 .. the training length, and max_prompt +
             max_new_tokens <= max_positions); default ``block_size`` for a GPT, ``max_positions -
             max_new_tokens`` for an AttentionOnly model (so that a continuation always fits).
-        count_from: 1 (default: "layer 1, head 1", as chapter 14 counts) or 0 (as chapter 15 and the
-            hook names ``blocks.{l}`` count): the first layer's and head's number in the labels.
+        count_from: 0 (default: "layer 0, head 0", as the whole course, its figures, explorers and the
+            hook names ``blocks.{l}`` count, issue 31) or 1: the first layer's and head's number in the
+            labels.
 
     Attributes:
         onnx: the exported bytes. expected: the per-prompt values (numpy arrays). long: the long
@@ -458,7 +459,7 @@ class LivePanel:
 
     def __init__(self, model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 40,
                  check_new_tokens: int = 24, max_positions: int | None = None, long_prompt: str | None = None,
-                 max_prompt: int | None = None, count_from: int = 1):
+                 max_prompt: int | None = None, count_from: int = 0):
         from .data import CharTokenizer
 
         _require_gpt(model)

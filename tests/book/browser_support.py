@@ -36,6 +36,20 @@ CONTRAST_HELPERS_JS = """  const rgba = (s) => { const m = s.match(/[\\d.]+/g) |
     return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]); };
   const background = (el) => { for (let n = el; n; n = n.parentElement) { const c = rgba(getComputedStyle(n).backgroundColor);
     if (c[3] > 0.5) return c; } return [255, 255, 255, 1]; };
+  // The colour a reader sees at one of el's text pixels (text: true) and beside it (text: false): the
+  // text's colour over el's background, over each ancestor's, every layer taken with its alpha and
+  // every element's opacity applied to all it holds, its own background included (a disabled button
+  // at opacity 0.6 fades its face and its label alike onto the page), over a white canvas.
+  const drawn = (el, text) => {
+    let c = [0, 0, 0], a = 0;
+    if (text) { const t = rgba(getComputedStyle(el).color); c = t.slice(0, 3).map((v) => v * t[3]); a = t[3]; }
+    for (let n = el; n; n = n.parentElement) {
+      const s = getComputedStyle(n), b = rgba(s.backgroundColor), o = parseFloat(s.opacity);
+      c = c.map((v, i) => v + (1 - a) * b[i] * b[3]); a += (1 - a) * b[3];
+      c = c.map((v) => v * o); a *= o;
+    }
+    return c.map((v) => v + (1 - a) * 255);
+  };
 """
 
 CHROMIUM_ARGS = [
@@ -227,6 +241,7 @@ FIGURE_TEXT_JS = """() => {
 }""".replace("__TOL__", str(FIGURE_TEXT_TOLERANCE))
 
 
+AXIS_STRETCH = 0.5  # of the data's span: plotly pads an autorange by ~5% plus its markers' size
 # What a reader sees of a page's layout (test_reader.py's tests read it): the page's and the text
 # column's width, every figure, display equation, table, inline code and printed output box, and the
 # texts of every figure (FIGURE_TEXT_JS, under "figure_texts").
@@ -237,6 +252,34 @@ MEASURE_JS = """() => {
   const left = box.left + parseFloat(style.paddingLeft), right = box.right - parseFloat(style.paddingRight);
   const name = (e) => (e.textContent || '').trim().replace(/\\s+/g, ' ').slice(0, 70);
   const overlap = (a, b) => a && b && a.width && b.width && a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+  // Axes drawn far past their data (issue 31: chapter 10's roofline ran to 1e14 at 390 px, plotly
+  // widening the autoranged axis until a label referenced to it fit): for each autoranged numeric axis
+  // whose traces are all scatter lines or markers, the drawn range (log10 units on a log axis) against
+  // the extent of those traces' values on it (0 included for a fill to zero); listed when the range
+  // passes the data by more than STRETCH of the data's span on either side.
+  const STRETCH = __STRETCH__;
+  const stretched = (d) => {
+    const full = d._fullLayout, data = d._fullData || [], out = [];
+    if (!full) return out;
+    Object.keys(full).filter((k) => /^[xy]axis[0-9]*$/.test(k)).forEach((key) => {
+      const ax = full[key];
+      if (!ax || !ax.autorange || !['linear', 'log'].includes(ax.type) || !Array.isArray(ax.range)) return;
+      const letter = key[0], id = ax._id;
+      const on = data.filter((t) => t.visible !== false && (t[letter + 'axis'] || letter) === id);
+      if (!on.length || on.some((t) => t.type !== 'scatter')) return;
+      let values = [];
+      on.forEach((t) => { values = values.concat([...(t[letter] || [])].map(Number));
+        if (letter === 'y' && /tozero/.test(t.fill || '')) values.push(0); });
+      values = values.filter((v) => Number.isFinite(v) && (ax.type !== 'log' || v > 0)).map((v) => ax.type === 'log' ? Math.log10(v) : v);
+      if (values.length < 2) return;
+      const lo = Math.min(...values), hi = Math.max(...values), span = hi - lo;
+      if (!(span > 0)) return;
+      const past = Math.max(lo - ax.range[0], ax.range[1] - hi) / span;
+      if (past > STRETCH) out.push({axis: key, type: ax.type, range: ax.range.map((v) => +(+v).toPrecision(3)),
+                                    data: [+lo.toPrecision(3), +hi.toPrecision(3)], past: +past.toFixed(2)});
+    });
+    return out;
+  };
   const figures = [...document.querySelectorAll('.plotly-graph-div')].map((d, i) => {
     const svg = d.querySelector('svg.main-svg');
     const r = (svg || d).getBoundingClientRect();
@@ -244,7 +287,7 @@ MEASURE_JS = """() => {
     const legendBox = legend ? legend.getBoundingClientRect() : null;
     const controls = [...d.querySelectorAll('.slider-container, .updatemenu-container')].map((c) => c.getBoundingClientRect());
     return {index: i, left: r.left, right: r.right, width: r.width,
-            control_over_legend: controls.some((c) => overlap(c, legendBox))};
+            control_over_legend: controls.some((c) => overlap(c, legendBox)), stretched: stretched(d)};
   });
   const equations = [...document.querySelectorAll('mjx-container[display="true"]')]
     .map((m) => ({scroll: m.scrollWidth, client: m.clientWidth, right: m.getBoundingClientRect().right, text: name(m.parentElement)}));
@@ -255,19 +298,44 @@ MEASURE_JS = """() => {
                   const hr = holder.getBoundingClientRect(), cr = c.getBoundingClientRect();
                   return {right: cr.right, limit: Math.min(hr.right, right), text: name(c)}; })
     .filter((c) => c.right > c.limit + 1);
-  // Printed output: a box whose text is wider than the box (it would scroll sideways) or that ends
+  // Printed output (a printed line, or a code block in a Markdown output, which myst-nb renders
+  // outside div.output): a box whose text is wider than the box (it would scroll sideways) or that ends
   // past the column; the text of its first line that does not fit, measured in the box's own font.
   const canvas = document.createElement('canvas').getContext('2d');
-  const outputs = [...article.querySelectorAll('div.cell_output div.output pre')]
+  const outputs = [...article.querySelectorAll('div.cell_output pre')]
     .filter((p) => p.scrollWidth > p.clientWidth + 1 || p.getBoundingClientRect().right > right + 1)
     .map((p) => { const cs = getComputedStyle(p); canvas.font = `${cs.fontSize} ${cs.fontFamily}`;
                   const room = p.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
                   const lines = p.textContent.split('\\n');
                   const wide = lines.find((l) => canvas.measureText(l).width > room + 1) || lines[0];
                   return {scroll: p.scrollWidth, client: p.clientWidth, line: wide.slice(0, 70)}; });
+  // Anything else of a cell's output past the column (issue 31: the static rows of the live explorers'
+  // widgets, tqdm's progress bars, a figure inside an explorer's snapshot at 390 px), drawn or cut off
+  // by a box that clips it: each outermost element whose box ends past the column's right edge (or
+  // starts left of it), with its classes and text. Not in a figure's SVG, a table (the theme's own
+  // table scroll) or a display equation (its box scrolls on a phone, by design).
+  const past = (e) => { const b = e.getBoundingClientRect();
+    return b.width > 0 && b.height > 0 && (b.right > right + 1 || b.left < left - 1); };
+  const spill = [...article.querySelectorAll('div.cell_output *')]
+    .filter((e) => !e.closest('svg, table, mjx-container, script, style, .selfattn-figure-text') && past(e)
+            && !(e.parentElement && e.parentElement.closest('div.cell_output') && past(e.parentElement)))
+    .map((e) => ({cls: (e.getAttribute('class') || e.tagName.toLowerCase()).slice(0, 60),
+                  right: Math.round(e.getBoundingClientRect().right), width: Math.round(e.getBoundingClientRect().width),
+                  text: name(e).slice(0, 50)}));
+  // ... and a widget's text cut at its own box's edge (tqdm's statistics at 390 px): an element of a
+  // widget whose content is wider than its box, which clips it (not a text box or a menu: they scroll
+  // or show the start of their value by design).
+  article.querySelectorAll('div.cell_output .jupyter-widgets *').forEach((e) => {
+    if (e.closest('svg, select, input, textarea, .plotly-graph-div, .selfattn-figure-text') || !e.clientWidth) return;
+    const cs = getComputedStyle(e);
+    if (cs.overflowX !== 'visible' && cs.overflowX !== 'auto' && cs.overflowX !== 'scroll' && e.scrollWidth > e.clientWidth + 1)
+      spill.push({cls: ('cut: ' + (e.getAttribute('class') || e.tagName.toLowerCase())).slice(0, 60), right: Math.round(e.getBoundingClientRect().right),
+                  width: e.scrollWidth, text: name(e).slice(0, 50)});
+  });
   return {scroll_width: document.scrollingElement.scrollWidth, inner_width: window.innerWidth,
-          column: [left, right], figures, equations, tables, code, outputs, figure_texts: (""" + FIGURE_TEXT_JS + """)()};
+          column: [left, right], figures, equations, tables, code, outputs, spill, figure_texts: (""" + FIGURE_TEXT_JS + """)()};
 }"""
+MEASURE_JS = MEASURE_JS.replace("__STRETCH__", str(AXIS_STRETCH))
 
 
 def is_local(url: str, base: str) -> bool:

@@ -167,34 +167,34 @@ CONTRAST_JS = """() => {
 
 
 # Every text node inside every cell output box (printed text, tables, exercise feedback, widgets'
-# labels, the live panel; not a figure's SVG, which CONTRAST_JS reads, nor the visually hidden figure
-# descriptions), each against the background it is drawn on, after every collapsed box (a hidden
-# solution and its feedback) has been opened. The text's colour is blended by its alpha and by the
-# opacity of the elements between it and that background (a live-only widget is drawn at 0.55).
+# labels and disabled controls, the live panel; not a figure's SVG, which CONTRAST_JS reads, nor the
+# visually hidden figure descriptions), each against the background it is drawn on, after every
+# collapsed box (a hidden solution and its feedback) has been opened. Both colours are what the reader
+# sees (``drawn``): every layer's alpha and every element's opacity applied, the text's own box
+# included (issue 31: chapter 09's disabled buttons, a faded face under a faded label, measured as
+# the label against the unfaded face, read 2.5:1 in dark mode). ``disabled``: how many of the texts
+# measured are in a disabled control.
 OUTPUT_CONTRAST_JS = """async () => {
 """ + CONTRAST_HELPERS_JS + """  document.querySelectorAll('details').forEach((d) => { d.open = true; });
   // An opened box fades in (MyST-NB's CSS animation from opacity 0): measure once it has ended.
   await Promise.all(document.getAnimations().map((a) => a.finished.catch(() => null)));
-  const owner = (el) => { for (let n = el; n; n = n.parentElement) { if (rgba(getComputedStyle(n).backgroundColor)[3] > 0.5) return n; } return null; };
   const ratios = [];
-  let checked = 0;
+  let checked = 0, disabled = 0;
   for (const box of document.querySelectorAll('.cell_output')) {
     const walker = document.createTreeWalker(box, NodeFilter.SHOW_TEXT);
     for (let node = walker.nextNode(); node; node = walker.nextNode()) {
       const el = node.parentElement, text = node.textContent.trim();
       if (!text || !el || el.closest('svg, script, style, .selfattn-figure-text')) continue;
       if (!el.checkVisibility({visibilityProperty: true}) || !el.getClientRects().length) continue;
-      const style = getComputedStyle(el), bg = background(el), under = owner(el);
-      let alpha = rgba(style.color)[3];
-      for (let n = el; n && n !== under; n = n.parentElement) alpha *= parseFloat(getComputedStyle(n).opacity);
-      const fg = rgba(style.color).slice(0, 3).map((v, i) => v * alpha + bg[i] * (1 - alpha));
+      const fg = drawn(el, true), bg = drawn(el, false);
       const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
       checked += 1;
+      if (el.closest(':disabled, .mod-disabled')) disabled += 1;
       ratios.push({ratio: (a + 0.05) / (b + 0.05), text: text.slice(0, 50), tag: el.tagName.toLowerCase(),
                    cls: (el.closest('[class]') || el).className.toString().slice(0, 40)});
     }
   }
-  return {theme: document.documentElement.dataset.theme, checked, low: ratios.filter((r) => !(r.ratio >= 4.5))};
+  return {theme: document.documentElement.dataset.theme, checked, disabled, low: ratios.filter((r) => !(r.ratio >= 4.5))};
 }"""
 
 
@@ -249,9 +249,13 @@ def test_light_and_dark_mode_are_legible(themed_visits, mode):
 def test_every_text_in_every_output_box_is_legible_in_light_and_dark_mode(themed_visits, mode):
     """WCAG AA (contrast >= 4.5:1) for every text of every cell output box of every chapter page, in
     the theme's light and dark mode (issue 31.4: in dark mode the exercise feedback's text was 1.01:1,
-    its title 3.1-3.6:1); the solutions' hidden outputs are opened first."""
+    its title 3.1-3.6:1; chapter 09's disabled buttons 2.5:1); the solutions' hidden outputs are opened
+    first. The live-only explorers' disabled controls are among the texts measured."""
     low = []
     visits = themed_visits(mode)
+    disabled = {page: visits[page][1]["disabled"] for page in CHAPTERS}
+    assert disabled.get("notebooks/09_parallel_and_quadratic", 0) >= 1, (
+        f"no disabled control's text measured on chapter 09 (its live explorer's buttons): {disabled}")
     for page in CHAPTERS:
         result = visits[page][1]
         assert result["theme"] == mode, f"{page}: the page is in {result['theme']} mode, not {mode}"

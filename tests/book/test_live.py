@@ -570,7 +570,7 @@ def test_pointing_at_a_square_reads_its_characters_and_weight(browser, site_url,
             tab.mouse.move(box["x"] + 1 + (s + 0.5) * side / T, box["y"] + 1 + (t + 0.5) * side / T)
             text = tab.eval_on_selector(readout, "e => e.textContent")
             ask, read = prompt[t].replace(" ", "␣"), prompt[s].replace(" ", "␣")
-            assert text == (f"Layer {l + 1} · head {h + 1}: “{ask}” (character {t + 1}) reads “{read}” "
+            assert text == (f"Layer {l} · head {h}: “{ask}” (character {t + 1}) reads “{read}” "
                             f"(character {s + 1}) with weight {weights[l, h, t, s]:.3f}."), (index, t, s, text)
         box = canvases.nth(1).bounding_box()
         tab.mouse.move(box["x"] + 1 + 6.5 * (box["width"] - 2) / T, box["y"] + 1 + 2.5 * (box["width"] - 2) / T)
@@ -584,10 +584,23 @@ TAPPED_JS = """() => new Promise((done) => requestAnimationFrame(() => requestAn
   done(document.querySelector('.selfattn-livemodel-readout').textContent))))"""
 
 
+# Whether the readout and the canvas tapped lie wholly inside the window, and the readout just under
+# the canvas (at most 60 px below its bottom edge: near the square the reader's finger is on).
+IN_VIEW_JS = """(index) => {
+  const inside = (r) => r.top >= 0 && r.left >= 0 && r.bottom <= innerHeight && r.right <= innerWidth;
+  const readout = document.querySelector('.selfattn-livemodel-readout');
+  const canvas = document.querySelectorAll('.selfattn-livemodel-grid canvas')[index];
+  const r = readout.getBoundingClientRect(), c = canvas.getBoundingClientRect();
+  return {readout: inside(r) && r.top >= c.bottom - 1 && r.top <= c.bottom + 60, canvas: inside(c),
+          readout_box: [r.top, r.bottom], canvas_box: [c.top, c.bottom], height: innerHeight};
+}"""
+
+
 def test_tapping_a_square_on_a_phone_reads_its_characters_and_weight(browser, site_url, built_html):
     """On a touch screen (a 390 px phone: touch events, mobile viewport) a tap on a heatmap square leaves
     the readout of that square in place: the browser follows a touch's pointerup with a pointerleave,
-    which must not wipe what the tap wrote. A second tap reads the second square."""
+    which must not wipe what the tap wrote. A second tap reads the second square. The readout is on the
+    screen, with the square tapped (issue 31: it was written below the fold, under the grid of heads)."""
     phone = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 3, "is_mobile": True, "has_touch": True}
     with _ready_panel(browser, site_url, built_html, **phone) as tab:
         prompt = "the object"
@@ -605,6 +618,8 @@ def test_tapping_a_square_on_a_phone_reads_its_characters_and_weight(browser, si
             side = box["width"] - 2  # the 1 px border on each side
             tab.touchscreen.tap(box["x"] + 1 + (s + 0.5) * side / T, box["y"] + 1 + (t + 0.5) * side / T)
             text = tab.evaluate(TAPPED_JS)
+            seen = tab.evaluate(IN_VIEW_JS, index)
+            assert seen["readout"] and seen["canvas"], (index, seen)
             ask, read = prompt[t].replace(" ", "\u2423"), prompt[s].replace(" ", "\u2423")
-            assert text == (f"Layer {l + 1} \u00b7 head {h + 1}: \u201c{ask}\u201d (character {t + 1}) reads \u201c{read}\u201d "
+            assert text == (f"Layer {l} \u00b7 head {h}: \u201c{ask}\u201d (character {t + 1}) reads \u201c{read}\u201d "
                             f"(character {s + 1}) with weight {weights[l, h, t, s]:.3f}."), (index, t, s, text)

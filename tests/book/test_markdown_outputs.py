@@ -21,7 +21,9 @@ RAW_MATH = re.compile(r"(?<![\\$])\$[^$\s][^$]*?\$")
 # formats of the systems primer, read from torch.finfo; 13: one summary).
 # Chapter 09: the dependency-depth table and four of the benchmark's tables (its sliding-window/flex and
 # heads-split tables moved out: they show chapter 10's methods, issue 26's order).
-GENERATED_TABLES = {"notebooks/09_parallel_and_quadratic": 5, "notebooks/10_flash_attention": 1,
+# Chapter 10: also the block-size Lab notes' measurements (a Markdown table since issue 31's trial: as a
+# fixed-width text block it ran 643 px past the column at 1280 px).
+GENERATED_TABLES = {"notebooks/09_parallel_and_quadratic": 5, "notebooks/10_flash_attention": 2,
                     "notebooks/13_attention_explanations": 1}
 
 
@@ -58,3 +60,14 @@ def test_generated_maths_is_typeset_source(built_html):
     soup = BeautifulSoup((built_html / "notebooks/10_flash_attention.html").read_text(), "html.parser")
     maths = [m.get_text() for out in soup.select("div.cell_output") for m in out.select(".math")]
     assert any(re.search(r"T\s*=\s*\d", m) for m in maths), maths[:5]
+
+
+def test_chapter_10_lab_notes_hold_tables_not_text_columns(built_html):
+    """Issue 31: the block-size Lab notes' measurements are an HTML table inside the folded box, not a
+    preformatted block of aligned columns (it ran 643 px past the column at 1280 px)."""
+    soup = BeautifulSoup((built_html / "notebooks/10_flash_attention.html").read_text(), "html.parser")
+    notes = [d for out in soup.select("div.cell_output") for d in out.select("details.selfattn-labnotes")]
+    assert notes, "no Lab notes box in chapter 10's outputs"
+    assert [d for d in notes if d.find("pre")] == [], "a Lab notes box holds preformatted text columns"
+    heads = [[th.get_text(" ", strip=True) for th in t.find_all("th")] for d in notes for t in d.find_all("table")]
+    assert any("block" in h and "tiles" in h for h in heads), heads

@@ -100,6 +100,31 @@ def test_figures_fit_the_text_column_and_controls_leave_the_legend_free(reader_v
 
 
 @pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("page", CHAPTERS, ids=page_id)
+def test_nothing_in_an_output_runs_past_the_column(reader_visits, page, width):
+    """Issue 31's trial: at 390 px the static rows of the live explorers' widgets (chapters 02-05),
+    tqdm's progress bars (chapters 08, 14) and chapter 07's per-layer figure ran past the text column.
+    No element of a cell's output ends past the column at 1280 or 390 px (browser_support.MEASURE_JS,
+    "spill": figures' SVGs, tables and display equations have their own tests above)."""
+    r = reader_visits(page, width)
+    column = round(r["column"][1] - r["column"][0])
+    assert r["spill"] == [], f"{page} at {width} px: {len(r['spill'])} output elements past the {column} px column: {r['spill'][:6]}"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("page", CHAPTERS, ids=page_id)
+def test_drawn_axes_cover_their_data_only(reader_visits, page, width):
+    """Issue 31, item 2, as drawn: at 1280 and 390 px no autoranged axis of a line or marker plot runs
+    past its data by more than AXIS_STRETCH of the data's span (browser_support.MEASURE_JS). plotly
+    widens an autoranged axis until each label referenced to it fits, so on a phone a long label near
+    an axis's end stretched chapter 10's roofline to 1e14 (tests/figure_extent.py checks the
+    coordinates of marks; this checks the axis plotly draws)."""
+    r = reader_visits(page, width)
+    stretched = [(f["index"], s) for f in r["figures"] for s in f["stretched"]]
+    assert stretched == [], f"{page} at {width} px: axes drawn past their data (figure, axis): {stretched}"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_tables_and_inline_code_fit_the_text_column(reader_visits, page, width):
     r = reader_visits(page, width)

@@ -117,17 +117,17 @@ def test_claim_09_a_word_attends_to_specific_positions_in_specific_heads(maps):
         assert np.median(to_key) < uniform  # ... while most heads give it less than uniform
 
 
-def test_claim_09_previous_token_head_in_layer_1(maps):
+def test_claim_09_previous_token_head_in_layer_0(maps):
     for tokens, w in maps.values():
         n = len(tokens)
         prev = np.mean([w[0, 2, i, i - 1] for i in range(1, n)])
-        assert prev > 0.95, f"layer 1 head 3 puts {prev:.3f} on the previous token"
+        assert prev > 0.95, f"layer 0 head 2 puts {prev:.3f} on the previous token"
 
 
 def test_claim_09_many_heads_park_weight_on_cls(maps):
     cls = np.mean([key_share(w, [0]) for _, w in maps.values()], axis=0)  # (L, H)
     assert cls[1:5].mean() > 0.5 and cls[0].mean() < 0.35
-    # most of the 48 heads of layers 2-5 (the text: "most heads"; measured 34)
+    # most of the 48 heads of layers 1-4 (the text: "most heads"; measured 34)
     assert (cls[1:5] > 0.5).sum() > 24
 
 

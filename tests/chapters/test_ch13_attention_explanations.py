@@ -49,10 +49,10 @@ def test_claim_19_high_weight_is_not_causal_importance(measured):
     assert np.isfinite(effect).all()
     top_weight = np.unravel_index(np.argmax(received), received.shape)
     top_effect = np.unravel_index(np.argmax(effect), effect.shape)
-    # The most attended (head, key) pair: layer 2, head 12 -> [CLS], 88 % of the head's weight.
+    # The most attended (head, key) pair: layer 1, head 11 -> [CLS] (counted from 0), 88 % of the head's weight.
     assert tuple(int(i) for i in top_weight) == (1, 11, 0) and tokens[0] == "[CLS]"
     assert received[top_weight] / len(tokens) > 0.8
-    # Measured: |effect| 0.0008, rank 221 of 936; the largest effect (layer 6, head 10 -> "fell")
+    # Measured: |effect| 0.0008, rank 221 of 936; the largest effect (layer 5, head 9 -> "fell")
     # is 0.095, 113 times larger.
     rank = int((effect > effect[top_weight]).sum()) + 1
     assert rank > 100, rank
@@ -76,12 +76,12 @@ def test_claim_19_weights_norms_and_gradients_disagree_as_stated(measured):
     assert interpret.spearman(effect, np.abs(A.grad_x_weight.sum(axis=2))) == pytest.approx(
         0.68, abs=0.05
     )
-    # Layer 6: head 1 is where weight and edge ablation agree least (0.26), head 10 one of the best.
+    # Layer 5 (the last): head 0 is where weight and edge ablation agree least (0.26), head 9 one of the best.
     rho_edges = interpret.per_head_spearman(A.weights[5, [0, 9]][None], np.abs(edges)[None])[0]
     assert rho_edges[0] == pytest.approx(0.26, abs=0.08)
     assert rho_edges[1] == pytest.approx(0.89, abs=0.05)
-    # The strongest edge of 11 of the 12 last-layer heads points at [CLS]; in head 1 it is not the
-    # edge whose ablation matters most (rank 4), in head 10 (fell -> fell) it is.
+    # The strongest edge of 11 of the 12 last-layer heads points at [CLS]; in head 0 it is not the
+    # edge whose ablation matters most (rank 4), in head 9 (fell -> fell) it is.
     T = len(tokens)
     strongest = [int(np.argmax(A.weights[5, h])) % T for h in range(12)]
     assert sum(j == 0 for j in strongest) >= 10
@@ -111,7 +111,7 @@ def test_claim_19_numbers_and_figures_are_reproducible(minilm, measured, one_thr
         special = np.tile(np.array([t in ("[CLS]", "[SEP]", ",", ".") for t in tokens]), 72)
         received = A.weights.sum(axis=2).ravel()
         return (
-            edge_measures_figure(tokens, measures, ["L6 H1", "L6 H10"]),
+            edge_measures_figure(tokens, measures, ["L5 H0", "L5 H9"]),
             key_scatter_figure(
                 received, {"|effect|": np.abs(keys).ravel()}, [""] * received.size, special
             ),

@@ -186,10 +186,10 @@ def induction():
     seed 0, one thread; 40-60 s on a shared 2-core machine. Evaluated on 512 fresh sequences.
 
     Measured (seeds 0 / 1 / 2): loss on the first occurrence 3.60 / 3.59 / 3.59, second 0.63 / 0.62 / 0.55;
-    best previous-token score 0.93 / 0.86 / 0.99 (layer 1, one head), induction scores of the four layer-2
+    best previous-token score 0.93 / 0.86 / 0.99 (layer 0, one head), induction scores of the four layer-1
     heads 0.64-0.77; ablating the previous-token head removes 77 % / 64 % / 76 % of the drop (the same from
-    layer 2's keys alone, about 0 % from its queries or values), the induction heads 99 % / 100 % / 100 %,
-    any other head at most 0 %; K-composition previous-token -> induction heads 0.35-0.39, other layer-1
+    layer 1's keys alone, about 0 % from its queries or values), the induction heads 99 % / 100 % / 100 %,
+    any other head at most 0 %; K-composition previous-token -> induction heads 0.35-0.39, other layer-0
     heads at most 0.11, random baseline 0.175."""
     config = InductionConfig()
     model = train_induction(config, seed=0).model
@@ -199,7 +199,7 @@ def induction():
 
 def _forward(model, ids, ablate=(), means=None, keys_only=False):
     """The model's logits with heads' contexts replaced by ``means`` (written out here, not
-    selfattn's run_ablated): everywhere, or (``keys_only``) only in what layer 2 reads as keys."""
+    selfattn's run_ablated): everywhere, or (``keys_only``) only in what layer 1 reads as keys."""
     with torch.no_grad():
         clean = model.embed(ids)
         patched = clean
@@ -265,7 +265,7 @@ def test_claim_31_the_second_occurrence_of_a_random_span_costs_far_less(inductio
     assert second < 1.2 and first - second > 2.0  # measured 0.63: copied from the context
 
 
-def test_claim_31_a_previous_token_head_forms_in_layer_1_and_induction_heads_in_layer_2(induction):
+def test_claim_31_a_previous_token_head_forms_in_layer_0_and_induction_heads_in_layer_1(induction):
     model, config, batch = induction
     _, weights = _forward(model, batch.ids)
     prev, ind = _scores(weights, batch)
@@ -294,13 +294,13 @@ def test_claim_31_ablating_the_circuit_removes_the_in_context_drop(induction):
     assert removed(prev_heads) > 0.5  # measured 0.77 (0.64 with seed 1)
     assert removed(ind_heads) > 0.7  # measured 0.99
     assert max(removed([head]) for head in others) < 0.2  # measured below 0
-    # K-composition: removing the previous-token head from layer 2's keys alone does it
+    # K-composition: removing the previous-token head from layer 1's keys alone does it
     assert removed(prev_heads, keys_only=True) > 0.5  # measured 0.77
 
 
 def test_claim_31_the_induction_heads_keys_read_the_previous_token_head(induction):
     """Elhage et al.'s K-composition score of (previous-token head, induction head) pairs, against
-    random matrices of the same shapes (measured: 0.35 against 0.175; other layer-1 heads <= 0.11)."""
+    random matrices of the same shapes (measured: 0.35 against 0.175; other layer-0 heads <= 0.11)."""
     model, config, batch = induction
     _, weights = _forward(model, batch.ids)
     prev, ind = _scores(weights, batch)

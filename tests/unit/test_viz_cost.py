@@ -106,3 +106,23 @@ def test_machine_roofline_figure_lines_are_min_of_peak_and_bandwidth():
         machine_roofline_figure({})
     with pytest.raises(ValueError, match="bytes/s"):
         machine_roofline_figure({"x": (1e9, 0.0)})
+
+
+def test_machine_roofline_x_axis_is_the_intensity_range_and_labels_do_not_stretch_it():
+    """Issue 31: at 390 px chapter 10's roofline ran its x axis to 1e14, plotly widening the autoranged
+    axis until the right-anchored label "1024 x 1024 matmul, float32" fit. The range is now fixed to
+    intensity_range (log10 units), and a label in the right half of the axis sits left of its line."""
+    import math
+
+    from selfattn.viz.cost import machine_roofline_figure
+
+    fig = machine_roofline_figure({"cpu": (100e9, 20e9)}, {"softmax pass": 1.0, "matmul": 1024 / 6},
+                                  intensity_range=(0.1, 1e4))
+    assert fig.layout.xaxis.autorange is False
+    assert fig.layout.xaxis.range == (-1.0, 4.0)
+    notes = {a.text: a for a in fig.layout.annotations}
+    assert notes["softmax pass"].xanchor == "left" and notes["matmul"].xanchor == "right"
+    assert math.isclose(notes["matmul"].x, math.log10(1024 / 6), rel_tol=1e-12)
+    assert notes["softmax pass"].y != notes["matmul"].y  # stacked, not side by side at one height
+    with pytest.raises(ValueError, match="outside intensity_range"):
+        machine_roofline_figure({"cpu": (100e9, 20e9)}, {"big": 1e5}, intensity_range=(0.1, 1e4))

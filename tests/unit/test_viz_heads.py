@@ -88,9 +88,9 @@ def test_explorer_has_one_frame_and_slider_step_per_layer_and_head(rng):
     tokens = ["[CLS]", "x", "y", "[SEP]"]
     w = _random_maps(rng, 2, 3, 4, 4)
     fig = layer_head_explorer_figure(tokens, w, "x y")
-    assert [f.name for f in fig.frames] == ["L1 H1", "L1 H2", "L1 H3", "L2 H1", "L2 H2", "L2 H3"]
+    assert [f.name for f in fig.frames] == ["L0 H0", "L0 H1", "L0 H2", "L1 H0", "L1 H1", "L1 H2"]
     assert [s.args[0][0] for s in fig.layout.sliders[0].steps] == [f.name for f in fig.frames]
-    assert [b.args[0][0] for b in fig.layout.updatemenus[0].buttons] == ["L1 H1", "L2 H1"]
+    assert [b.args[0][0] for b in fig.layout.updatemenus[0].buttons] == ["L0 H0", "L1 H0"]
     np.testing.assert_allclose(
         np.array(fig.frames[4].data[0].z), w[1, 1], atol=1e-4
     )  # rounded to 4 places
@@ -116,11 +116,13 @@ def test_live_explorer_builds_with_controls(rng):
         calls.append(sentence)
         return ["[CLS]", sentence, "[SEP]"], w
 
-    box = head_explorer_widget(run_fn, "hi", layer=2, head=3)
+    box = head_explorer_widget(run_fn, "hi", layer=1, head=2)  # counted from 0, as the course counts
     text, sliders = box.children[0], box.children[1]
-    assert text.value == "hi" and [s.value for s in sliders.children] == [2, 3]
-    assert [s.max for s in sliders.children] == [2, 3]
+    assert text.value == "hi" and [s.value for s in sliders.children] == [1, 2]
+    assert [(s.min, s.max) for s in sliders.children] == [(0, 1), (0, 2)]
     assert calls[0] == "hi"
+    with pytest.raises(ValueError, match=r"head must be an int in \[0, 3\) \(counted from 0\); got 3"):
+        head_explorer_widget(run_fn, "hi", layer=0, head=3)
 
 
 def test_maps_have_no_fixed_width_and_fit_a_screen_in_height():

@@ -38,18 +38,18 @@ def test_head_scores_figure_has_two_heatmaps_and_names_the_best_heads():
     assert len(fig.data) == 2 and all(t.type == "heatmap" for t in fig.data)
     np.testing.assert_allclose(fig.data[1].z, ind)
     text = figure_description(fig)
-    assert "previous-token score: layer 1 head 2 (0.90)" in text and "induction score: layer 2 head 1 (0.80)" in text
+    assert "previous-token score: layer 0 head 1 (0.90)" in text and "induction score: layer 1 head 0 (0.80)" in text
     with pytest.raises(ValueError, match="one shape"):
         head_scores_figure(prev, ind[:1])
 
 
 def test_head_patterns_figure_one_trace_per_head_buttons_and_the_box():
     T = 8
-    pats = {"L1 H1": np.eye(T), "L2 H1": np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]}
+    pats = {"L0 H0": np.eye(T), "L1 H0": np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]}
     fig = head_patterns_figure(list("abcdabcd"), pats, first=0, second=4, span=4)
     assert len(fig.data) == 2 and [t.visible for t in fig.data] == [True, False]
     buttons = fig.layout.updatemenus[0].buttons
-    assert [b.label for b in buttons] == ["L1 H1", "L2 H1"] and buttons[1].args[0]["visible"] == [False, True]
+    assert [b.label for b in buttons] == ["L0 H0", "L1 H0"] and buttons[1].args[0]["visible"] == [False, True]
     box = fig.layout.shapes[0]
     assert (box.x0, box.x1, box.y0, box.y1) == (-0.5, 3.5, 3.5, 7.5)
     assert "buttons" in figure_description(fig)
@@ -65,9 +65,9 @@ def test_composition_figure_groups_three_kinds_over_every_pair():
     base = {"keys": 0.17, "queries": 0.17, "values": 0.18}
     fig = composition_figure(scores, base)
     assert [t.name for t in fig.data] == ["K-composition", "Q-composition", "V-composition"]
-    assert list(fig.data[0].x) == ["L1 H1 → L2 H1", "L1 H1 → L2 H2", "L1 H2 → L2 H1", "L1 H2 → L2 H2"]
+    assert list(fig.data[0].x) == ["L0 H0 → L1 H0", "L0 H0 → L1 H1", "L0 H1 → L1 H0", "L0 H1 → L1 H1"]
     np.testing.assert_allclose(fig.data[0].y, [0.1, 0.2, 0.3, 0.05])
     assert len(fig.layout.shapes) == 3 and fig.layout.shapes[0].y0 == pytest.approx(0.17)
-    assert "layer 1 head 2 into layer 2 head 1, 0.300" in figure_description(fig)
+    assert "layer 0 head 1 into layer 1 head 0, 0.300" in figure_description(fig)
     with pytest.raises(ValueError, match="keys"):
         composition_figure({"keys": scores["keys"]}, base)

@@ -33,7 +33,7 @@ from plotly.io.base_renderers import MimetypeRenderer
 
 __all__ = ["RENDERER_NAME", "use_book_renderer", "describe", "figure_description", "COLORSCALE", "DIVERGING",
            "plotlyjs_for_classic_notebook", "enable_colab_widgets", "add_marked_vline", "with_lab_notes",
-           "views_figure"]
+           "views_figure", "live_output"]
 
 RENDERER_NAME = "selfattn"
 
@@ -50,6 +50,63 @@ def figure_description(fig: go.Figure) -> str:
     if isinstance(meta, dict):
         return str(meta.get("description", ""))
     return ""
+
+
+def live_output(render, controls: dict):
+    """An ``ipywidgets.Output`` that shows ``render(**values)`` for the controls' values now and after
+    each change: what ``ipywidgets.interactive_output`` does, with the view written into the widget's
+    own state (its ``outputs``) instead of captured by the front end.
+
+    ``interactive_output`` draws its first view while the Output widget is being created, before it
+    is displayed, and that view reaches the widget only if the front end has already routed the
+    cell's messages to it. Classic Notebook 6 during Run All had not: chapter 13's explorer stayed
+    blank until a control moved (issue 31). Here every view (the figures ``render`` shows, what it
+    prints) is captured in the kernel and set as the widget's ``outputs``, which every front end
+    (Notebook 6 and 7, JupyterLab, Colab, the book's static page) draws when it draws the widget.
+
+    Args:
+        render: ``render(**{name: control.value})``; shows figures (``fig.show()``, ``display``)
+            or prints.
+        controls: ``{argument name: widget}``, each with a ``value`` trait.
+
+    Returns:
+        The ``ipywidgets.Output``; the first view is in it before this returns.
+
+    Raises:
+        TypeError: ``controls`` not a non-empty dict of widgets with a ``value``.
+        Whatever ``render`` raises for the first view (later views show the error in the output).
+    """
+    import traceback
+
+    import ipywidgets as widgets
+    from IPython.utils.capture import capture_output
+
+    if not isinstance(controls, dict) or not controls or not all(hasattr(w, "observe") and hasattr(w, "value")
+                                                                  for w in controls.values()):
+        raise TypeError(f"controls must be a non-empty dict {{name: widget with a value}}; got {controls!r}")
+    out = widgets.Output()
+
+    def update(change=None):
+        values = {name: w.value for name, w in controls.items()}
+        outputs = []
+        with capture_output(stdout=True, stderr=True, display=True) as got:
+            try:
+                render(**values)
+            except Exception:
+                if change is None:
+                    raise
+                print(traceback.format_exc(), file=sys.stderr)
+        for name, text in (("stdout", got.stdout), ("stderr", got.stderr)):
+            if text:
+                outputs.append({"output_type": "stream", "name": name, "text": text})
+        outputs += [{"output_type": "display_data", "data": o.data, "metadata": o.metadata or {}}
+                    for o in got.outputs]
+        out.outputs = tuple(outputs)
+
+    for w in controls.values():
+        w.observe(update, names="value")
+    update()
+    return out
 
 
 def with_lab_notes(main: str, notes: str) -> str:
@@ -138,13 +195,18 @@ def describe(fig: go.Figure, description: str) -> go.Figure:
 
 
 def add_marked_vline(fig: go.Figure, x: float, text: str, *, log_x: bool, line: dict | None = None,
-                     side: str = "right", font: dict | None = None) -> go.Figure:
+                     side: str = "right", font: dict | None = None, y: float = 1.0) -> go.Figure:
     """A vertical line at data value ``x`` across the plot, labelled ``text`` at its top; returns ``fig``.
 
     plotly's ``add_vline(annotation_text=...)`` places the label at ``x`` in axis units, but on a log
     axis an annotation's x is log10 of the data value (a shape's is the data value itself): a label
     at block 64 lands at 1e64 and the autorange stretches to it (issue 31). This helper gives the
-    annotation ``log10(x)`` when ``log_x`` is true. ``side``: "right" or "left" of the line.
+    annotation ``log10(x)`` when ``log_x`` is true. ``side``: "right" or "left" of the line; ``y``: the
+    label's top, as a fraction of the plot's height (1: the top), to stack the labels of close lines.
+
+    plotly widens an autoranged axis until a label referenced to it fits: on a narrow figure (a phone)
+    a long label near the axis's end stretches the axis far past the data (issue 31: chapter 10's
+    roofline ran to 1e14 at 390 px). A figure with such labels fixes its axis range to its data.
 
     Raises:
         ValueError: ``x`` not finite, or not > 0 on a log axis; ``side`` not "right" or "left".
@@ -156,8 +218,10 @@ def add_marked_vline(fig: go.Figure, x: float, text: str, *, log_x: bool, line: 
         raise ValueError(f"x must be finite{' and > 0 on a log axis' if log_x else ''}; got {x!r}")
     if side not in ("right", "left"):
         raise ValueError(f"side must be 'right' or 'left'; got {side!r}")
+    if not (isinstance(y, (int, float)) and 0 <= y <= 1):
+        raise ValueError(f"y must be a fraction of the plot's height in [0, 1]; got {y!r}")
     fig.add_vline(x=value, line=line or {})
-    fig.add_annotation(x=math.log10(value) if log_x else value, xref="x", y=1.0, yref="y domain", text=text,
+    fig.add_annotation(x=math.log10(value) if log_x else value, xref="x", y=float(y), yref="y domain", text=text,
                        showarrow=False, xanchor="left" if side == "right" else "right", yanchor="top",
                        font=font or {})
     return fig

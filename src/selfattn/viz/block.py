@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from . import COLORSCALE, describe
+from . import COLORSCALE, describe, live_output
 
 __all__ = [
     "stream_through",
@@ -240,7 +240,7 @@ def _check_measure(tokens: Sequence[str], values) -> np.ndarray:
 def _branch_heatmap(tokens: Sequence[str], v: np.ndarray) -> go.Heatmap:
     return go.Heatmap(
         z=np.round(v, 4).tolist(), x=[f"{i}:{t}" for i, t in enumerate(tokens)],
-        y=[f"layer {layer + 1}" for layer in range(v.shape[0])], colorscale=COLORSCALE,
+        y=[f"layer {layer}" for layer in range(v.shape[0])], colorscale=COLORSCALE,  # counted from 0
         hovertemplate="%{y}, token %{x}: %{z:.3f}<extra></extra>",
     )  # fmt: skip
 
@@ -332,5 +332,5 @@ def branch_explorer_widget(
         tokens, measures = cache[sentence]
         branch_heatmap_figure(tokens, measures[measure], f"{measure} — {sentence}").show()
 
-    out = widgets.interactive_output(show, {"sentence": text, "measure": measure})
+    out = live_output(show, {"sentence": text, "measure": measure})
     return widgets.VBox([text, measure, out])

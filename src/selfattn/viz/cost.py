@@ -266,7 +266,7 @@ def machine_roofline_figure(machines, intensities=None, *, intensity_range=(0.1,
         machines: name -> (peak FLOP/s, bandwidth bytes/s), e.g. this CPU measured and a published GPU.
         intensities: label -> FLOP/byte, drawn as labelled vertical lines (e.g. a softmax pass, a large
             matrix product).
-        intensity_range: (low, high) of the x axis.
+        intensity_range: (low, high) of the x axis, fixed (an intensity outside it is an error).
 
     Each line's corner, its balance (peak / bandwidth), is a point of the line.
 
@@ -287,6 +287,9 @@ def machine_roofline_figure(machines, intensities=None, *, intensity_range=(0.1,
     for label, v in marks.items():
         if not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
             raise ValueError(f"intensities[{label!r}] must be a finite number > 0 (FLOP/byte); got {v!r}")
+        if not lo <= v <= hi:
+            raise ValueError(f"intensities[{label!r}] = {v!r} lies outside intensity_range {intensity_range!r}, "
+                             "the x axis drawn")
     grid = np.geomspace(lo, hi, 121)
     fig = go.Figure()
     for i, (name, (flops, bw)) in enumerate(machines.items()):
@@ -297,11 +300,17 @@ def machine_roofline_figure(machines, intensities=None, *, intensity_range=(0.1,
             name=f"{name} (balance {balance:.3g} FLOP/byte)",
             line={"color": _COLOURS[i % 6], "dash": _DASHES[i % 6]},
             hovertemplate=f"{name}<br>%{{x:.3g}} FLOP/byte: at most %{{y:.4g}} GFLOP/s<extra></extra>"))
-    for label, v in marks.items():
-        add_marked_vline(fig, float(v), label, log_x=True, line={"dash": "dash", "color": "#999999", "width": 1})
+    # Each label on the side of its line with more room, one under another (two close lines' labels
+    # would overprint); the x range is the data's (intensity_range): plotly would otherwise widen the
+    # axis until a long label fits, to 1e14 on a phone (issue 31).
+    middle = (np.log10(lo) + np.log10(hi)) / 2
+    for k, (label, v) in enumerate(marks.items()):
+        add_marked_vline(fig, float(v), label, log_x=True, line={"dash": "dash", "color": "#999999", "width": 1},
+                         side="right" if np.log10(v) <= middle else "left", y=1.0 - 0.09 * (k % 4))
     fig.update_layout(title="The roofline: what a machine can attain at a given arithmetic intensity", height=460,
                       template="plotly_white", legend={"orientation": "h", "y": -0.25})
-    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per byte moved, log scale)")
+    fig.update_xaxes(type="log", range=[float(np.log10(lo)), float(np.log10(hi))], autorange=False,
+                     title_text="arithmetic intensity (FLOP per byte moved, log scale)")
     fig.update_yaxes(type="log", title_text="attainable (GFLOP/s, log scale)")
     return describe(fig, (
         "Roofline, log-log: attainable GFLOP/s against FLOPs per byte for "

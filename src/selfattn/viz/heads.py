@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 import torch
 
 from .. import _validate
-from . import COLORSCALE, describe
+from . import COLORSCALE, describe, live_output
 
 __all__ = [
     "attention_entropy",
@@ -193,15 +193,15 @@ def layer_head_explorer_figure(tokens: Sequence[str], weights, sentence: str = "
     """
     w = _check_maps(tokens, weights, 4, "(L, H, T, T)")
     L, H = w.shape[:2]
-    names = [f"L{layer + 1} H{head + 1}" for layer in range(L) for head in range(H)]
+    names = [f"L{layer} H{head}" for layer in range(L) for head in range(H)]  # counted from 0, as the course does
     prefix = f"“{sentence}” — " if sentence else ""
     frames = [
         go.Frame(data=[_heatmap(tokens, w[layer, head])], name=names[layer * H + head],
-                 layout={"title": {"text": f"{prefix}layer {layer + 1}, head {head + 1}"}})
+                 layout={"title": {"text": f"{prefix}layer {layer}, head {head}"}})
         for layer in range(L) for head in range(H)
     ]  # fmt: skip
     fig = go.Figure(_heatmap(tokens, w[0, 0]), frames=frames)
-    _map_layout(fig, f"{prefix}layer 1, head 1", len(tokens))
+    _map_layout(fig, f"{prefix}layer 0, head 0", len(tokens))
     jump = {
         "mode": "immediate",
         "frame": {"duration": 0, "redraw": True},
@@ -218,7 +218,7 @@ def layer_head_explorer_figure(tokens: Sequence[str], weights, sentence: str = "
         updatemenus=[{
             "type": "buttons", "name": "jump to layer", "direction": "right", "showactive": False, "x": 0.0, "y": 1.03,
             "xanchor": "left", "yanchor": "bottom",
-            "buttons": [{"label": f"layer {layer + 1}", "method": "animate",
+            "buttons": [{"label": f"layer {layer}", "method": "animate",
                          "args": [[names[layer * H]], jump]} for layer in range(L)],
         }],
     )  # fmt: skip
@@ -251,8 +251,8 @@ def head_summary_figure(
         raise ValueError(f"every measure must be one (L, H) array; got shapes {sorted(shapes)}")
     L, H = next(iter(shapes))
     names = list(arrays)
-    heads = [f"H{h + 1}" for h in range(H)]
-    layers = [f"L{layer + 1}" for layer in range(L)]
+    heads = [f"H{h}" for h in range(H)]  # counted from 0, as the course does
+    layers = [f"L{layer}" for layer in range(L)]
 
     def trace_args(name: str) -> dict:
         z = arrays[name]
@@ -291,19 +291,22 @@ def head_explorer_widget(
     run_fn: Callable[[str], tuple[list[str], np.ndarray]],
     sentence: str,
     *,
-    layer: int = 1,
-    head: int = 1,
+    layer: int = 0,
+    head: int = 0,
 ):
     """Live explorer (needs a running kernel): a text box for the sentence and sliders for the
-    layer and head (counted from 1); shows :func:`attention_map_figure` for the choice.
+    layer and head (counted from 0, as everywhere in the course); shows :func:`attention_map_figure` for the choice.
 
     Args:
         run_fn: ``sentence -> (tokens, weights (L, H, T, T))`` for the real tokens of one sentence.
         sentence: the initial sentence.
-        layer, head: the initial choice, counted from 1.
+        layer, head: the initial choice, counted from 0.
 
     Returns:
         An ``ipywidgets.VBox``; display it in a notebook.
+
+    Raises:
+        ValueError: ``layer`` or ``head`` not an index of ``weights`` (counted from 0).
 
     Source: chapter 06.
     """
@@ -311,10 +314,13 @@ def head_explorer_widget(
 
     tokens, weights = run_fn(sentence)
     L, H = np.asarray(weights).shape[:2]
+    for name, value, n in (("layer", layer, L), ("head", head, H)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < n:
+            raise ValueError(f"{name} must be an int in [0, {n}) (counted from 0); got {value!r}")
     text = widgets.Text(value=sentence, description="sentence", continuous_update=False,
                         layout=widgets.Layout(width="95%"))  # fmt: skip
-    layer_slider = widgets.IntSlider(value=layer, min=1, max=L, description="layer")
-    head_slider = widgets.IntSlider(value=head, min=1, max=H, description="head")
+    layer_slider = widgets.IntSlider(value=layer, min=0, max=L - 1, description="layer")
+    head_slider = widgets.IntSlider(value=head, min=0, max=H - 1, description="head")
     cache = {sentence: (tokens, weights)}
 
     def show(sentence: str, layer: int, head: int) -> None:
@@ -322,9 +328,9 @@ def head_explorer_widget(
             cache[sentence] = run_fn(sentence)
         toks, w = cache[sentence]
         title = f"layer {layer}, head {head}"
-        attention_map_figure(toks, np.asarray(w)[layer - 1, head - 1], title).show()
+        attention_map_figure(toks, np.asarray(w)[layer, head], title).show()
 
-    out = widgets.interactive_output(
+    out = live_output(
         show, {"sentence": text, "layer": layer_slider, "head": head_slider}
     )
     return widgets.VBox([text, widgets.HBox([layer_slider, head_slider]), out])

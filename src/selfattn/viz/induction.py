@@ -98,7 +98,7 @@ def head_scores_figure(prev_scores, induction_scores, title: str = "") -> go.Fig
     L, H = prev.shape
     fig = make_subplots(rows=1, cols=2, subplot_titles=("previous-token score", "induction score"),
                         horizontal_spacing=0.12)
-    xs, ys = [f"head {h + 1}" for h in range(H)], [f"layer {layer + 1}" for layer in range(L)]
+    xs, ys = [f"head {h}" for h in range(H)], [f"layer {layer}" for layer in range(L)]  # counted from 0
     for col, z in ((1, prev), (2, ind)):
         fig.add_trace(go.Heatmap(z=np.round(z, 3), x=xs, y=ys, zmin=0, zmax=1, colorscale="Viridis",
                                  text=np.round(z, 2), texttemplate="%{text}", showscale=col == 2,
@@ -109,8 +109,8 @@ def head_scores_figure(prev_scores, induction_scores, title: str = "") -> go.Fig
     return describe(
         fig,
         f"Two heatmaps, {L} layers by {H} heads, colour 0 to 1. Highest previous-token score: layer "
-        f"{best_prev[0] + 1} head {best_prev[1] + 1} ({prev.max():.2f}); highest induction score: layer "
-        f"{best_ind[0] + 1} head {best_ind[1] + 1} ({ind.max():.2f}).",
+        f"{best_prev[0]} head {best_prev[1]} ({prev.max():.2f}); highest induction score: layer "
+        f"{best_ind[0]} head {best_ind[1]} ({ind.max():.2f}).",
     )
 
 
@@ -192,7 +192,7 @@ def composition_figure(scores: dict[str, np.ndarray], baseline: dict[str, float]
     if any(a.shape != shape for a in arrays.values()):
         raise ValueError("every kind of score must have the same (H1, H2) shape")
     H1, H2 = shape
-    pairs = [f"L1 H{a + 1} → L2 H{b + 1}" for a in range(H1) for b in range(H2)]
+    pairs = [f"L0 H{a} → L1 H{b}" for a in range(H1) for b in range(H2)]  # layers and heads counted from 0
     fig = go.Figure()
     for i, k in enumerate(kinds):
         fig.add_trace(go.Bar(x=pairs, y=np.round(arrays[k].reshape(-1), 3), name=f"{k[0].upper()}-composition",
@@ -208,6 +208,6 @@ def composition_figure(scores: dict[str, np.ndarray], baseline: dict[str, float]
     return describe(
         fig,
         f"Grouped bar chart of the K-, Q- and V-composition scores of {H1 * H2} pairs of heads; dotted lines: "
-        f"random-matrix baselines (K {baseline['keys']:.3f}). Largest K-composition: layer 1 head {a + 1} into "
-        f"layer 2 head {b + 1}, {k.max():.3f}.",
+        f"random-matrix baselines (K {baseline['keys']:.3f}). Largest K-composition: layer 0 head {a} into "
+        f"layer 1 head {b}, {k.max():.3f}.",
     )

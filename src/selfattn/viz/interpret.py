@@ -20,7 +20,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from . import COLORSCALE, describe
+from . import COLORSCALE, describe, live_output
 
 __all__ = [
     "scaled_per_head",
@@ -155,7 +155,7 @@ def edge_measures_widget(
         describe(fig, f"{head}: heatmap of {measure} per edge, scaled to the head's largest value.")
         fig.show()
 
-    out = widgets.interactive_output(show, {"head": head, "measure": measure})
+    out = live_output(show, {"head": head, "measure": measure})
     return widgets.VBox([widgets.HBox([head, measure]), out])
 
 

@@ -29,7 +29,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from .. import positions as _pos
-from . import COLORSCALE, DIVERGING, describe
+from . import COLORSCALE, DIVERGING, describe, live_output
 from .training import moving_average
 
 __all__ = [
@@ -385,7 +385,7 @@ def rope_explorer_widget(q, k, *, m: int = 5, n: int = 2, max_position: int = 15
         rope_score_view(q, k, m, n, shifts=range(0, max_position + 1), offsets=range(-span, span + 1),
                         pairs=pairs, base=base, layout=layout).show()
 
-    out = widgets.interactive_output(show, {"m": m_slider, "n": n_slider})
+    out = live_output(show, {"m": m_slider, "n": n_slider})
     return widgets.VBox([widgets.HBox([m_slider, n_slider]), out])
 
 

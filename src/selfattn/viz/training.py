@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from . import describe
+from . import describe, live_output
 
 __all__ = [
     "loss_curve_figure",
@@ -242,4 +242,4 @@ def retrieval_explorer_widget(snapshot_steps, snapshots, keys, values, query, wh
     def show(step):
         retrieval_step_figure(snapshots[index[step]], keys, values, query, where, step=step).show()
 
-    return widgets.VBox([slider, widgets.interactive_output(show, {"step": slider})])
+    return widgets.VBox([slider, live_output(show, {"step": slider})])
