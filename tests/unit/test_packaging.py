@@ -184,3 +184,20 @@ def test_pip_reads_binders_requirements_and_picks_the_cpu_torch(tmp_path):
     resolved = {i["metadata"]["name"].lower(): i["metadata"]["version"]
                 for i in json.loads(report.read_text())["install"]}
     assert resolved == {"torch": f"{_makefile_torch_version()}+cpu"}
+
+
+def test_no_environment_or_build_output_is_tracked():
+    """A worktree's `.venv` symlink was once committed (`.gitignore` had `.venv/`, which matches only a
+    directory): a clone then ran `make` in another checkout's environment and re-pointed its editable
+    install. Nothing under .venv, _build or test-artifacts may be tracked."""
+    import shutil
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(["git", "ls-files", "--", ".venv", "_build", "test-artifacts"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert tracked == []
+    # ignored as a symlink too (a worktree's .venv may be one), not only as a directory
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", ".venv"], cwd=ROOT,
+                             capture_output=True, text=True).stdout.split()
+    assert ignored == [".venv"]
