@@ -210,8 +210,9 @@ class MultiHeadAttention(nn.Module):
         Args:
             x_q: the sequence that asks (queries), (B, T, D).
             x_kv: the sequence that is read (keys and values), (B, S, D); default ``x_q``.
-            mask: boolean keep-mask (True = may attend) broadcastable to (B, H, T, S), e.g. a
-                (T, S) causal mask or a (B, 1, 1, S) padding mask. The mask acts on the scores, after
+            mask: boolean keep-mask (True = may attend), (T, S) or 4-D broadcastable to (B, H, T, S),
+                e.g. a (T, S) causal mask or a (B, 1, 1, S) padding mask; a 3-D mask is refused (it
+                would broadcast as (H, T, S), not the (B, T, S) it is usually meant as). The mask acts on the scores, after
                 the projections: a NaN or inf stored in a padded row of ``x_kv`` (or ``x_q``) is
                 hidden from ``out``, but ``K = x_kv @ W_K`` and ``V = x_kv @ W_V`` still read it, so
                 the gradients of ``W_K`` and ``W_V`` (and of ``b_K``, ``b_V``) are NaN (0 * NaN = NaN
@@ -225,7 +226,7 @@ class MultiHeadAttention(nn.Module):
 
         Raises:
             TypeError / ValueError: inputs that are not 3-D tensors of width d_model, or not of the
-            parameters' dtype; batch sizes that differ; and every error of
+            parameters' dtype; batch sizes that differ; a 3-D ``mask``; and every error of
             :func:`selfattn.scaled_dot_product_attention`.
             MemoryError: the (B, H, T, S) scores alone would need more bytes than the device's total
             memory; raised before the projections, naming ``x_q``'s and ``x_kv``'s shapes and the bytes.
@@ -233,6 +234,14 @@ class MultiHeadAttention(nn.Module):
         return_weights = require_flag("return_weights", return_weights)
         x_kv = x_q if x_kv is None else x_kv
         self._check_inputs(x_q, x_kv)
+        if isinstance(mask, torch.Tensor) and mask.dim() == 3:
+            # broadcast from the right a (X, T, S) mask is (1, X, T, S): per head, not per batch element,
+            # so a (B, T, S) mask would silently mask head b with batch element b's mask when B == H
+            raise ValueError(
+                f"mask must be (T, S) or 4-D (B or 1, H or 1, T, S); got a 3-D mask of shape {shape_of(mask)}, "
+                "which reads as (H, T, S) and is easily meant as (B, T, S): pass mask[:, None] for one mask "
+                "per batch element, or mask[None] for one per head"
+            )
         H = self.config.n_heads
         Q = split_heads(self._project(x_q, self.W_Q, self.b_Q), H)  # (B, T, D) -> (B, H, T, Dh)
         K = split_heads(self._project(x_kv, self.W_K, self.b_K), H)  # (B, S, D) -> (B, H, S, Dh)

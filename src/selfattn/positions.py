@@ -120,8 +120,11 @@ def _positions_tensor(positions) -> torch.Tensor:
     fractional). Angles and biases are computed there in float64 and only their results are moved to
     the data's device: Apple's MPS has no float64."""
     if not isinstance(positions, torch.Tensor):
+        positions_in = positions
         try:
             positions = torch.as_tensor(positions)
+            if positions.is_floating_point():  # Python floats default to float32: convert them exactly
+                positions = torch.as_tensor(positions_in, dtype=torch.float64)
         except (TypeError, ValueError, RuntimeError, OverflowError) as error:
             raise TypeError(f"positions must be a (T,) sequence or tensor of real numbers; got {positions!r:.80}"
                             f" ({type(positions).__name__}: {error})") from None
@@ -411,10 +414,11 @@ def alibi_bias(slopes: torch.Tensor, q_positions, k_positions) -> torch.Tensor:
     query are masked anyway; there the bias is positive). Adding a constant per query row does not
     change the softmax, so ``-s_h * (q_i - k_j)`` and BLOOM's ``s_h * k_j`` give the same weights
     (tested). Computed in float64 on the CPU; returned on ``slopes``' device, in float64 (float32 on
-    Apple's MPS, which has no float64).
+    Apple's MPS, which has no float64). Differentiable in ``slopes`` (learned slopes get their gradient).
 
     Args:
-        slopes: (H,) head slopes (:func:`alibi_slopes`). q_positions: (T,). k_positions: (S,).
+        slopes: (H,) head slopes (:func:`alibi_slopes`). q_positions: (T,). k_positions: (S,); Python
+            floats are read in float64, exactly.
 
     Raises:
         TypeError / ValueError: ``slopes`` not a 1-D tensor; positions not 1-D or not finite.
@@ -430,7 +434,7 @@ def alibi_bias(slopes: torch.Tensor, q_positions, k_positions) -> torch.Tensor:
     q = _positions_tensor(q_positions)  # (T,) float64 on the CPU
     k = _positions_tensor(k_positions)  # (S,)
     offset = q[:, None] - k[None, :]  # (T, 1) - (1, S) -> (T, S): how far back key j is
-    s = slopes.detach().to(device="cpu", dtype=torch.float64)
+    s = slopes.to(device="cpu", dtype=torch.float64)  # not detached: learned slopes get their gradient
     bias = -s[:, None, None] * offset[None]  # (H, 1, 1) * (1, T, S) -> (H, T, S)
     return bias.to(device=slopes.device, dtype=torch.float32 if slopes.device.type == "mps" else torch.float64)
 

@@ -327,3 +327,18 @@ def test_a_nan_in_a_padded_x_kv_row_reaches_w_k_and_w_v_gradients_unless_zeroed(
     _, gk_z, gv_z, _ = grads(zeroed)
     torch.testing.assert_close(gk_z, gk_c, **TOL64)
     torch.testing.assert_close(gv_z, gv_c, **TOL64)
+
+
+def test_a_3d_mask_is_refused_not_read_per_head():
+    """A (B, T, S) mask broadcast from the right is (1, B, T, S): with B == H, batch element b's
+    padding mask was applied to head b of every element (a fresh user's trial found a 1.62 difference
+    against mask[:, None]). Refused, naming the shape and the two ways to say what is meant."""
+    m = MultiHeadAttention(MHAConfig(16, 4)).eval()
+    x = torch.randn(4, 5, 16)
+    keep = (torch.arange(5)[None, None] < torch.tensor([5, 4, 3, 2])[:, None, None]).expand(4, 5, 5)
+    with pytest.raises(ValueError, match=r"got a 3-D mask of shape \(4, 5, 5\).*mask\[:, None\]"):
+        m(x, mask=keep)
+    out = m(x, mask=keep[:, None])  # per batch element, as meant
+    for b in range(4):  # each element alone, with its own mask, gives the same rows
+        alone = m(x[b:b + 1], mask=keep[b])
+        torch.testing.assert_close(out[b:b + 1], alone, atol=1e-6, rtol=0)

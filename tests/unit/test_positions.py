@@ -616,3 +616,31 @@ def test_apply_rope_with_an_empty_feature_axis_names_x():
     for layout in ("half", "interleaved"):
         with pytest.raises(ValueError, match=r"x's last axis Dh must be even and > 0.*got shape \(3, 0\)"):
             P.apply_rope(torch.zeros(3, 0), torch.arange(3), layout=layout)
+
+
+def test_positions_given_as_python_floats_are_read_in_float64():
+    """torch.as_tensor reads Python floats as float32: position 16777217.0 became 16777216 and 1000.3
+    was 3.5e-5 off (a fresh user's trial). They are read in float64, as a float64 tensor is."""
+    from selfattn.positions import alibi_bias, alibi_slopes, apply_rope
+
+    x = torch.randn(1, 2, 1, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for p in (16777217.0, 1000.3):
+        exact = apply_rope(x, torch.tensor([p], dtype=torch.float64))
+        torch.testing.assert_close(apply_rope(x, [p]), exact, atol=0, rtol=0)
+    bias = alibi_bias(alibi_slopes(1), [16777217.0], [0.0])
+    assert float(bias) == -float(alibi_slopes(1)[0]) * 16777217.0  # -65536.00390625, not -65536
+    with pytest.raises(ValueError, match=r"positions must lie in \(-2\^53, 2\^53\)"):
+        apply_rope(x, [1e300])  # float32 made it inf and the message said "NaN or inf"
+
+
+def test_learned_alibi_slopes_get_their_gradient():
+    """alibi_bias detached its slopes, so a model learning them got no gradient, silently."""
+    from selfattn.positions import alibi_bias
+
+    slopes = torch.tensor([0.5, 0.25], dtype=torch.float64, requires_grad=True)
+    q, k = [3.0, 4.0], [0.0, 1.0, 2.0]
+    bias = alibi_bias(slopes, q, k)
+    assert bias.requires_grad
+    bias.sum().backward()
+    # d/ds_h of sum_ij -s_h (q_i - k_j) = -sum_ij (q_i - k_j) = -(3 * 7 - 2 * 3) = -15, for each head
+    torch.testing.assert_close(slopes.grad, torch.tensor([-15.0, -15.0], dtype=torch.float64), atol=1e-12, rtol=0)
