@@ -292,7 +292,9 @@ def test_claim_42_path_patching_tells_k_from_v_composition(chapter_model):
         for into in shares:
             shares[into].append((m_clean - got[into]) / (m_clean - got[None]))
     assert min(shares["keys"]) > 0.8
-    assert max(shares["values"]) < 0.2 and max(shares["queries"]) < 0.2
+    # the values' and queries' shares are small either way: the values' is negative (a path that lowers the
+    # margin, measured -0.12 to -0.15), so the bound is on the size, not one-sided
+    assert max(abs(x) for x in shares["values"]) < 0.2 and max(abs(x) for x in shares["queries"]) < 0.2, shares
     assert min(shares["keys"]) - max(max(shares["values"]), max(shares["queries"])) > 0.5
 
 

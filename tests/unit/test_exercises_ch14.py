@@ -30,6 +30,10 @@ def test_induction_solution_passes_and_mistakes_are_named():
     for fn, words in cases:
         fb = ch14.check_induction_score(fn)
         assert not fb.ok and words in fb.message, (words, fb.message)
+    # the extra query's key (L, the second copy's first token) exists: the reason is the match with
+    # induction_scores, whose spans are separated, not a missing key
+    fb = ch14.check_induction_score(lambda w, L: w.diagonal(offset=-(L - 1), dim1=-2, dim2=-1)[..., 1:].mean(dim=(0, 2)))
+    assert "induction_scores" in fb.message and "separated" in fb.message and "no next token" not in fb.message
 
 
 def decode_step(x, K_cache, V_cache, W_Q, W_K, W_V, W_O, *, mistake=None):

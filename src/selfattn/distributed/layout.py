@@ -163,9 +163,10 @@ def even_work_cpu_text(step_cpu_seconds, *, even: float = 1.1) -> str:
     ``even``: a max/mean ratio below which the ranks count as even (default 1.1).
 
     Returns "" when the ranks' totals are even; otherwise one or two sentences that say where in the table
-    the difference lies (step 0 or the later steps), with the numbers. It never puts the difference down to
-    processes queuing for the shared cores: CPU time leaves out the time a process waits for a core, so
-    that cannot explain a CPU-time difference, and the run measures nothing else that would.
+    the difference lies (step 0 or the later steps), with the numbers. It says what CPU time leaves out
+    and what it does not: it excludes the time a process waits for a core, but sharing the cores still
+    inflates it (caches the other processes cooled, the memory bandwidth they share), and the run does
+    not measure how much.
 
     Raises: ValueError: not P >= 2 lists of P such numbers, or ``even`` not > 1. Source: chapter 12.
     """
@@ -193,5 +194,7 @@ def even_work_cpu_text(step_cpu_seconds, *, even: float = 1.1) -> str:
              f"the later steps differ too ({later:.2f} after step 0; step 0 took {1e3 * min(first):.1f} to "
              f"{1e3 * max(first):.1f} ms)")
     return (f"The zigzag ranks do the same work, yet their forward compute CPU times differ ({total:.2f} max/mean): "
-            f"{where}. CPU time leaves out the time a process waits for a core, so this is not the four processes "
-            "queuing for two cores; this run does not say what it is. ")
+            f"{where}. CPU time leaves out the time a process waits for a core, not the slowdown of sharing "
+            "one: four processes on two cores (and other jobs) run on caches the others cooled and share the "
+            "memory's bandwidth, which inflates the same work's CPU time; this run does not measure how much of "
+            "the difference that is. ")

@@ -128,11 +128,12 @@ def tied_with_fastest(samples) -> tuple[object, list, dict]:
     of one configuration, e.g. a block size).
 
     Returns ``(fastest, tied, spread)``: the name with the least best (minimum) time; the names, in the
-    order given, whose best time is within the spread of *the two compared*, that is
-    ``best[b] / best[fastest] - 1 <= max(spread[b], spread[fastest])``, the fastest included; and
-    ``spread[name] = max / min - 1`` of its repeats. A pair is a tie when its gap is no larger than the
-    repeats of either one vary: the gap between two sizes is judged against the noise of those two, not
-    the worst noise of every size measured (one noisy size would otherwise tie all the others).
+    order given, whose best time is within the spread of *both* of the two compared, that is
+    ``best[b] / best[fastest] - 1 <= min(spread[b], spread[fastest])``, the fastest included; and
+    ``spread[name] = max / min - 1`` of its repeats. A pair is a tie only when its gap is no larger than
+    the repeats of each of the two vary: a noisy size (the fastest or another) cannot tie a steady one
+    by its own noise alone, and the gap between two sizes is judged against the noise of those two, not
+    the worst noise of every size measured.
 
     Raises: ValueError: empty ``samples``, or a name with no time or a time that is not positive and
     finite. Source: chapter 10 (block sizes against the caches).
@@ -146,7 +147,7 @@ def tied_with_fastest(samples) -> tuple[object, list, dict]:
             raise ValueError(f"samples[{name!r}] must be positive finite seconds, got {times!r}")
         best[name], spread[name] = min(times), max(times) / min(times) - 1
     fastest = min(best, key=best.get)
-    tied = [b for b in best if best[b] / best[fastest] - 1 <= max(spread[b], spread[fastest])]
+    tied = [b for b in best if best[b] / best[fastest] - 1 <= min(spread[b], spread[fastest])]
     return fastest, tied, spread
 
 

@@ -82,11 +82,13 @@ def check_induction_score(fn):
              "batch and the L - 1 positions, .mean(dim=(0, 2)), a number between 0 and 1."),
             (np.diagonal(weights, offset=-(L - 1), axis1=-2, axis2=-1).mean(axis=(0, 2)), "You averaged the whole "
              "diagonal L - 1 below the main one (L + 1 entries): its first entry is query L - 1 in the first copy, its "
-             "last the query 2L - 1, whose next token is not in the sequence. Keep its entries 1 .. L - 1, the queries "
-             "L + i for i = 0 .. L - 2."),
+             "last the query 2L - 1 (i = L - 1), which the score leaves out to match induction_scores. Keep its entries "
+             "1 .. L - 1, the queries L + i for i = 0 .. L - 2."),
             (np.diagonal(weights, offset=-(L - 1), axis1=-2, axis2=-1)[..., 1:].mean(axis=(0, 2)), "One query too many: "
-             "i runs from 0 to L - 2, the query 2L - 1 (i = L - 1) has no next token in the first copy to read. Take "
-             "L - 1 queries, torch.arange(L - 1)."),
+             "you included i = L - 1, the query 2L - 1. Its key L exists here, because the two copies are adjacent (it "
+             "is the second copy's first token), but the score takes i = 0 .. L - 2 to match "
+             "selfattn.experiments.induction.induction_scores, whose spans are separated: there the key after a "
+             "span's last token is not part of the span. Take L - 1 queries, torch.arange(L - 1)."),
         )
         for value, message in mistakes:
             if np.allclose(got, value):
