@@ -79,7 +79,9 @@ lint: $(VENV)/.test
 # (no cell is marked for output comparison), which `make nbval` still runs on its own.
 # Each long experiment is computed once too: the build saves the chapters' training runs in $(RUNS)
 # and the chapter tests that check those runs read them (src/selfattn/_runcache.py; only the same call
-# by the same code is reused, a test that gets there first computes it itself).
+# by the same code is reused, a test that gets there first computes it itself). So the chapter tests
+# run after the unit and parity tests, in a pytest run of their own (xdist's file scheduling had started
+# chapter 08's test before the build reached chapter 08), and _config.yml starts those chapters first.
 # --durations lists the slowest tests in CI's log, where the 30-minute budget (DESIGN.md) is watched.
 # All three always run; the target fails if any failed.
 RUNS := $(CURDIR)/_build/run-cache
@@ -90,8 +92,10 @@ test: lint $(VENV)/.vendor browser
 	# OpenMP threads spin and slow each other down many times over (the build's kernels have one each).
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 SELFATTN_RUN_CACHE_WRITE=$(RUNS) \
 	    $(PY) scripts/build_book.py . -W -n --keep-going > _build/book-build.out 2>&1 & book=$$!; \
-	  OMP_NUM_THREADS=1 SELFATTN_RUN_CACHE_READ=$(RUNS) \
-	    $(PY) -m pytest -n 3 --dist loadfile --durations=15 tests/unit tests/parity tests/chapters & unit=$$!; \
+	  ( export OMP_NUM_THREADS=1 SELFATTN_RUN_CACHE_READ=$(RUNS); \
+	    $(PY) -m pytest -n 3 --dist loadfile --durations=15 tests/unit tests/parity; first=$$?; \
+	    $(PY) -m pytest -n 3 --dist loadfile --durations=15 tests/chapters; second=$$?; \
+	    [ $$first = 0 ] && [ $$second = 0 ] ) & unit=$$!; \
 	  wait $$book; built=$$?; echo $$built > _build/book-build.rc; \
 	  if [ $$built != 0 ]; then tail -n 60 _build/book-build.out; fi; \
 	  SELFATTN_REUSE_BOOK=1 $(PY) -m pytest --durations=15 tests/book > _build/book-tests.out 2>&1; browser=$$?; \
