@@ -1,5 +1,6 @@
 """Chapter 11's exercise checks: the reference solutions pass, typical mistakes get the right words."""
 
+import numpy as np
 import torch
 
 from selfattn.exercises import ch11
@@ -59,7 +60,6 @@ def test_solutions_pass():
     assert ch11.check_top_p_keep(top_p_keep)
     assert ch11.check_block_table_gather(gather)
     assert ch11.check_top_p_sample(sample)
-    assert ch11.check_top_p_sample(lambda *a: torch.tensor(sample(*a)))  # a one-element tensor is a token id too
 
 
 def test_stubs_are_not_attempted():
@@ -160,6 +160,11 @@ def test_block_table_mistakes_are_named():
         assert not fb.ok and words in fb.message, (words, fb.message)
 
 
+def sorted_position(probs, p, u):  # the index into the sorted order, not mapped back to the token id
+    token = sample(probs, p, u)
+    return int((torch.sort(probs, descending=True).indices == token).nonzero()[0, 0])
+
+
 def test_top_p_sampler_mistakes_are_named():
     cases = (
         (lambda *a: sample(*a, renormalise=False), "did not renormalise"),
@@ -168,6 +173,9 @@ def test_top_p_sampler_mistakes_are_named():
         (lambda probs, p, u: int(torch.argmax(probs)), "greedy"),
         (lambda probs, p, u: probs, "one token id"),
         (lambda probs, p, u: 1.0, "one token id"),
+        (lambda *a: torch.tensor(sample(*a)), "return int(...)"),  # a 0-d tensor is not an int
+        (lambda *a: np.int64(sample(*a)), "return int(...)"),
+        (sorted_position, "position of the draw in the sorted order; map it back through the sort's indices"),
     )
     for fn, words in cases:
         fb = ch11.check_top_p_sample(fn)

@@ -304,11 +304,12 @@ def check_top_p_sample(fn):
     answers = []
     for p, u in cases:
         raw = call_learner(_EX5, fn, torch.from_numpy(probs.copy()), p, u)
-        if isinstance(raw, torch.Tensor) and raw.numel() == 1:
-            raw = raw.item()
-        if isinstance(raw, bool) or not isinstance(raw, (int, np.integer)):
-            return failed(_EX5, f"Return one token id, an int (use .item() on a one-element tensor); got "
-                                f"{type(raw).__name__}{getattr(raw, 'shape', '')}.")
+        if isinstance(raw, (torch.Tensor, np.ndarray, np.generic)) and np.size(raw) == 1:
+            return failed(_EX5, f"Return the token id as a Python int: you returned a {type(raw).__name__} "
+                                f"({raw!r}); return int(...) of it.")
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            return failed(_EX5, f"Return one token id, an int (return int(...) of it); got "
+                                f"{type(raw).__name__}{tuple(getattr(raw, 'shape', ())) or ''}.")
         answers.append(int(raw))
     top = int(np.argmax(probs))
     if all(a == top for a in answers):
@@ -327,6 +328,10 @@ def check_top_p_sample(fn):
         ):
             if got == _draw(probs, p, u, **kwargs):
                 return failed(_EX5, f"{at} {message}")
+        order = np.argsort(-probs, kind="stable")
+        if got != expected and 0 <= got < len(probs) and int(order[got]) == expected:
+            return failed(_EX5, f"{at} you returned {got}, the position of the draw in the sorted order; map it back "
+                                f"through the sort's indices (order[{got}] is token {expected}).")
         return failed(_EX5, f"{at} the draw is token {expected}; you returned {got}.")
     return passed(_EX5, "Sort, keep the top-p set, renormalise, invert the cumulative sum at u: with u drawn "
                         "uniformly this samples each kept token with its renormalised probability.")
