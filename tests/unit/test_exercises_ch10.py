@@ -149,7 +149,7 @@ def solution_backward(q, k, v, out, lse, d_out, block_q, block_k, *, mistake=Non
     for r in range(0, q.shape[0], block_q):
         for s0 in range(0, k.shape[0], block_k):
             qi, kj, vj, doi = q[r:r + block_q], k[s0:s0 + block_k], v[s0:s0 + block_k], d_out[r:r + block_q]
-            s = qi @ kj.T * c
+            s = qi @ kj.T * (1.0 if mistake in ("no_scale_anywhere", "no_scale_in_P") else c)
             if mistake == "tile_softmax":
                 e = np.exp(s - s.max(-1, keepdims=True))
                 p = e / e.sum(-1, keepdims=True)
@@ -159,7 +159,7 @@ def solution_backward(q, k, v, out, lse, d_out, block_q, block_k, *, mistake=Non
             dp = doi @ vj.T
             d = {"no_D": 0.0, "D_tile": (p * dp).sum(-1, keepdims=True)}.get(mistake, D[r:r + block_q, None])
             ds = p * (dp - d)
-            g = 1.0 if mistake == "no_scale" else c
+            g = 1.0 if mistake in ("no_scale", "no_scale_anywhere") else c
             dq[r:r + block_q] += ds @ kj * g
             dk[s0:s0 + block_k] += ds.T @ qi * g
     return dq, dk, dv
@@ -172,7 +172,8 @@ def test_backward_solution_passes_against_autograd():
 
 def test_backward_mistakes_are_named():
     cases = (("no_D", "left out D"), ("D_tile", "over one tile"), ("no_scale", "miss the 1 / sqrt(Dh)"),
-             ("tile_softmax", "each tile's own softmax"))
+             ("tile_softmax", "each tile's own softmax"), ("no_scale_anywhere", "left out the 1 / sqrt(Dh) everywhere"),
+             ("no_scale_in_P", "rebuilt P from unscaled scores"))
     for mistake, words in cases:
         def fn(*args, mistake=mistake):
             return solution_backward(*args, mistake=mistake)

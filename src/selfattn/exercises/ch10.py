@@ -264,7 +264,8 @@ def check_flash_forward(fn):
                         "the weights.")  # fmt: skip
 
 
-def _flash_bwd_np(q, k, v, o, lse, do, bq, bk, *, use_D=True, D_per_tile=False, scale_grads=True, p_from="lse"):
+def _flash_bwd_np(q, k, v, o, lse, do, bq, bk, *, use_D=True, D_per_tile=False, scale_grads=True, p_from="lse",
+                  scale_scores=True):
     """The tiled backward (dq, dk, dv) in NumPy, right or with one typical mistake."""
     c = 1 / np.sqrt(q.shape[1])
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
@@ -272,9 +273,10 @@ def _flash_bwd_np(q, k, v, o, lse, do, bq, bk, *, use_D=True, D_per_tile=False, 
     g = c if scale_grads else 1.0
     for r in range(0, q.shape[0], bq):
         for s0 in range(0, k.shape[0], bk):
-            s = q[r:r + bq] @ k[s0:s0 + bk].T * c
+            s = q[r:r + bq] @ k[s0:s0 + bk].T * (c if scale_scores else 1.0)
             if p_from == "lse":
-                p = np.exp(s - lse[r:r + bq, None])
+                with np.errstate(over="ignore", invalid="ignore"):
+                    p = np.exp(s - lse[r:r + bq, None])
             else:  # the tile's own softmax
                 e = np.exp(s - s.max(-1, keepdims=True))
                 p = e / e.sum(-1, keepdims=True)
@@ -330,6 +332,11 @@ def check_flash_backward(fn):
              "(the softmax's Jacobian subtracts the weighted mean of dP)."),
             (dict(D_per_tile=True), "You took D as rowsum(P * dP) over one tile: that sum must run over all keys. "
              "Compute D = rowsum(d_out * out) once per query, before the tiles (it equals the full sum)."),
+            (dict(scale_scores=False, scale_grads=False), "You left out the 1 / sqrt(Dh) everywhere: the saved lse is "
+             "the log-sum-exp of the scaled scores, so rebuild P = exp(q k^T / sqrt(Dh) - lse) per tile, and scale "
+             "dS by it too: dq += dS k / sqrt(Dh), dk += dS^T q / sqrt(Dh)."),
+            (dict(scale_scores=False), "You rebuilt P from unscaled scores: the saved lse is the log-sum-exp of the "
+             "scaled scores, so P = exp(q k^T / sqrt(Dh) - lse) per tile (your dq and dk do carry the 1 / sqrt(Dh))."),
             (dict(scale_grads=False), "dq and dk miss the 1 / sqrt(Dh): S = q k^T / sqrt(Dh), so dq = dS k / sqrt(Dh) "
              "and dk = dS^T q / sqrt(Dh)."),
             (dict(p_from="tile"), "You rebuilt P with each tile's own softmax: the weights are normalised over all keys, "
@@ -337,7 +344,7 @@ def check_flash_backward(fn):
         )
         for kwargs, message in mistakes:
             cand = _flash_bwd_np(q, k, v, out, lse, do, bq, bk, **kwargs)
-            if all(_close(a, c) for a, c in zip(arrs, cand, strict=True)):
+            if all(np.isfinite(c).all() and _close(a, c) for a, c in zip(arrs, cand, strict=True)):
                 return failed(_EX3, message)
         wrong = [n for a, e, n in zip(arrs, (dq_e, dk_e, dv_e), names, strict=True) if not _close(a, e)]
         return failed(_EX3, f"{where} {', '.join(wrong)} differ from autograd of plain attention (largest error "
