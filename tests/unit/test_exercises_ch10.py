@@ -33,6 +33,9 @@ def test_merge_mistakes_are_named():
     def sum_lse(out_a, lse_a, out_b, lse_b):
         return solution_merge(out_a, lse_a, out_b, lse_b)[0], lse_a + lse_b
 
+    def added(out_a, lse_a, out_b, lse_b):
+        return out_a + out_b, np.logaddexp(lse_a, lse_b)
+
     def average(out_a, lse_a, out_b, lse_b):
         return (out_a + out_b) / 2, np.logaddexp(lse_a, lse_b)
 
@@ -42,7 +45,7 @@ def test_merge_mistakes_are_named():
         return np.exp(lse_a - m)[:, None] * out_a + np.exp(lse_b - m)[:, None] * out_b, np.logaddexp(lse_a, lse_b)
 
     cases = ((naive_exp, "overflows"), (no_guard, "Row 5 sees no key"), (max_lse, "larger of the two"),
-             (sum_lse, "added the two lse"), (average, "averaged the two outputs"), (unnormalised, "do not sum to 1"),
+             (sum_lse, "added the two lse"), (added, "You added the two outputs, out_a + out_b"), (average, "averaged the two outputs"), (unnormalised, "do not sum to 1"),
              (lambda *a: solution_merge(*a)[0], "pair"), (lambda *a: (solution_merge(*a)[0].T, solution_merge(*a)[1]), "shape"),
              (lambda *a: (solution_merge(*a)[0] * 1.01, solution_merge(*a)[1]), "wrong values"))
     for fn, words in cases:

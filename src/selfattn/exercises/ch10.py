@@ -60,6 +60,8 @@ def _merge_out_lse(out_a, lse_a, out_b, lse_b, *, form="right"):
         w_a, w_b = np.exp(lse_a - m), np.exp(lse_b - m)
     if form == "average":
         w_a, w_b = np.full_like(lse_a, 0.5), np.full_like(lse_b, 0.5)
+    if form == "sum":  # out_a + out_b, unweighted
+        w_a, w_b = np.ones_like(lse_a), np.ones_like(lse_b)
     return w_a[:, None] * out_a + w_b[:, None] * out_b, lse
 
 
@@ -123,6 +125,9 @@ def check_merge_states(fn):
                             "never exp(lse - (-inf)).")
     ok_rows = np.isfinite(lse_e)
     for form, message in (
+        ("sum", "You added the two outputs, out_a + out_b: each is already normalised over its own chunk, so the sum "
+                "counts each chunk as a whole softmax. Weight them by their share of the total, "
+                "exp(lse_a - lse) out_a + exp(lse_b - lse) out_b, with lse the merged log-sum-exp."),
         ("average", "You averaged the two outputs: each chunk counts by its share of the total, exp(lse_chunk - lse), "
                     "which sums to 1 over the chunks."),
         ("unnormalised", "Your weights exp(lse_chunk - max) do not sum to 1: divide by their sum, i.e. use "
