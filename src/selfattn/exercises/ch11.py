@@ -27,6 +27,7 @@ from . import (
     failed,
     is_empty_stub,
     not_attempted,
+    part_feedback,
     passed,
     to_numpy,
 )
@@ -118,6 +119,10 @@ def check_sequences_that_fit(fn):
             return failed(_EX1, f"{at} you rounded up: a sequence whose cache does not fit whole cannot be served; "
                                 "round down with //.")
         return failed(_EX1, f"{at} {expected} sequences fit; you returned {int(got)}.")
+    main = part_feedback(_EX1, "check_kv_cache_bytes")
+    if main is not None and main.attempted and not main.ok:  # the cell above shows part 1's red box
+        return passed(_EX1, "The follow-up is right, but part 1 (kv_cache_bytes) still fails, so exercise 11.1 is not "
+                            "done yet: fix kv_cache_bytes (its message is above) and run the cell again.")
     return passed(_EX1, "Whole caches in what the weights leave: 59 sequences of 8k tokens for Llama 3.1 8B on an "
                         "80 GB H100, an upper bound (activations and workspace need memory too).")
 
