@@ -4,7 +4,8 @@
 block sizes); 10.3 its backward from the saved log-sum-exp (the CS336 task); 10.4 the tiles a causal
 forward must visit. Each check compares with ``selfattn.ref`` or torch autograd of plain attention and
 names the usual mistake: a sum that is not rescaled, the rescaling upside down, NaN for an empty state,
-the log-sum-exp without its maximum, a forgotten D = rowsum(dO * O), P recomputed per tile...
+the log-sum-exp without its maximum, two outputs added unweighted, a forgotten D = rowsum(dO * O), P recomputed
+per tile, the 1 / sqrt(Dh) left out of the backward...
 """
 
 from __future__ import annotations

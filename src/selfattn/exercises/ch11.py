@@ -9,7 +9,8 @@ computed too, and the check names the one the learner's answer matches: the fact
 values forgotten, ``n_heads`` used instead of ``n_kv_heads``, bits instead of bytes; the weights left out of
 the memory, or counted one byte each, a partial sequence rounded up, a negative count; heads tiled instead of
 interleaved; the token that crosses p left out, the cumulative sum taken in vocabulary order instead of
-sorted order; the block table ignored or read off by one; a draw not renormalised to the kept set.
+sorted order; the block table ignored or read off by one; a draw not renormalised to the kept set, or returned
+as its position in the sorted order (or as a tensor, not an int).
 
 A function whose body is still empty (``pass``, ``...`` or a docstring) counts as not attempted.
 """
