@@ -33,6 +33,9 @@ def test_merge_mistakes_are_named():
     def sum_lse(out_a, lse_a, out_b, lse_b):
         return solution_merge(out_a, lse_a, out_b, lse_b)[0], lse_a + lse_b
 
+    def added(out_a, lse_a, out_b, lse_b):
+        return out_a + out_b, np.logaddexp(lse_a, lse_b)
+
     def average(out_a, lse_a, out_b, lse_b):
         return (out_a + out_b) / 2, np.logaddexp(lse_a, lse_b)
 
@@ -42,7 +45,7 @@ def test_merge_mistakes_are_named():
         return np.exp(lse_a - m)[:, None] * out_a + np.exp(lse_b - m)[:, None] * out_b, np.logaddexp(lse_a, lse_b)
 
     cases = ((naive_exp, "overflows"), (no_guard, "Row 5 sees no key"), (max_lse, "larger of the two"),
-             (sum_lse, "added the two lse"), (average, "averaged the two outputs"), (unnormalised, "do not sum to 1"),
+             (sum_lse, "added the two lse"), (added, "You added the two outputs, out_a + out_b"), (average, "averaged the two outputs"), (unnormalised, "do not sum to 1"),
              (lambda *a: solution_merge(*a)[0], "pair"), (lambda *a: (solution_merge(*a)[0].T, solution_merge(*a)[1]), "shape"),
              (lambda *a: (solution_merge(*a)[0] * 1.01, solution_merge(*a)[1]), "wrong values"))
     for fn, words in cases:
@@ -149,7 +152,7 @@ def solution_backward(q, k, v, out, lse, d_out, block_q, block_k, *, mistake=Non
     for r in range(0, q.shape[0], block_q):
         for s0 in range(0, k.shape[0], block_k):
             qi, kj, vj, doi = q[r:r + block_q], k[s0:s0 + block_k], v[s0:s0 + block_k], d_out[r:r + block_q]
-            s = qi @ kj.T * c
+            s = qi @ kj.T * (1.0 if mistake in ("no_scale_anywhere", "no_scale_in_P") else c)
             if mistake == "tile_softmax":
                 e = np.exp(s - s.max(-1, keepdims=True))
                 p = e / e.sum(-1, keepdims=True)
@@ -159,7 +162,7 @@ def solution_backward(q, k, v, out, lse, d_out, block_q, block_k, *, mistake=Non
             dp = doi @ vj.T
             d = {"no_D": 0.0, "D_tile": (p * dp).sum(-1, keepdims=True)}.get(mistake, D[r:r + block_q, None])
             ds = p * (dp - d)
-            g = 1.0 if mistake == "no_scale" else c
+            g = 1.0 if mistake in ("no_scale", "no_scale_anywhere") else c
             dq[r:r + block_q] += ds @ kj * g
             dk[s0:s0 + block_k] += ds.T @ qi * g
     return dq, dk, dv
@@ -172,7 +175,8 @@ def test_backward_solution_passes_against_autograd():
 
 def test_backward_mistakes_are_named():
     cases = (("no_D", "left out D"), ("D_tile", "over one tile"), ("no_scale", "miss the 1 / sqrt(Dh)"),
-             ("tile_softmax", "each tile's own softmax"))
+             ("tile_softmax", "each tile's own softmax"), ("no_scale_anywhere", "left out the 1 / sqrt(Dh) everywhere"),
+             ("no_scale_in_P", "rebuilt P from unscaled scores"))
     for mistake, words in cases:
         def fn(*args, mistake=mistake):
             return solution_backward(*args, mistake=mistake)

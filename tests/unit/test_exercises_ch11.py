@@ -1,7 +1,11 @@
 """Chapter 11's exercise checks: the reference solutions pass, typical mistakes get the right words."""
 
+import io
+
+import numpy as np
 import torch
 
+import selfattn.exercises as ex
 from selfattn.exercises import ch11
 
 
@@ -59,7 +63,6 @@ def test_solutions_pass():
     assert ch11.check_top_p_keep(top_p_keep)
     assert ch11.check_block_table_gather(gather)
     assert ch11.check_top_p_sample(sample)
-    assert ch11.check_top_p_sample(lambda *a: torch.tensor(sample(*a)))  # a one-element tensor is a token id too
 
 
 def test_stubs_are_not_attempted():
@@ -162,6 +165,11 @@ def test_block_table_mistakes_are_named():
         assert not fb.ok and words in fb.message, (words, fb.message)
 
 
+def sorted_position(probs, p, u):  # the index into the sorted order, not mapped back to the token id
+    token = sample(probs, p, u)
+    return int((torch.sort(probs, descending=True).indices == token).nonzero()[0, 0])
+
+
 def test_top_p_sampler_mistakes_are_named():
     cases = (
         (lambda *a: sample(*a, renormalise=False), "did not renormalise"),
@@ -170,6 +178,9 @@ def test_top_p_sampler_mistakes_are_named():
         (lambda probs, p, u: int(torch.argmax(probs)), "greedy"),
         (lambda probs, p, u: probs, "one token id"),
         (lambda probs, p, u: 1.0, "one token id"),
+        (lambda *a: torch.tensor(sample(*a)), "return int(...)"),  # a 0-d tensor is not an int
+        (lambda *a: np.int64(sample(*a)), "return int(...)"),
+        (sorted_position, "position of the draw in the sorted order; map it back through the sort's indices"),
     )
     for fn, words in cases:
         fb = ch11.check_top_p_sample(fn)
@@ -189,3 +200,27 @@ def test_top_p_mistakes_are_named():
     for words, fn in cases.items():
         fb = ch11.check_top_p_keep(fn)
         assert not fb.ok and words in fb.message, (words, fb.message)
+
+
+def test_follow_up_success_says_part_1_still_fails(monkeypatch):
+    """Part 1 failed and the follow-up passes in the same kernel (the same cell): the green box, shown last, must
+    not read as the whole exercise passing."""
+    entry = ex._REGISTRY[ch11.check_kv_cache_bytes.exercise]
+    monkeypatch.setitem(ex._REGISTRY, ch11.check_kv_cache_bytes.exercise,
+                        dict(entry, parts={p: {"name": None, "feedback": None, "started": False} for p in entry["parts"]}))
+
+    answer = {"factor": 1}
+
+    def kv_cache_bytes_learner(n_layers, n_heads, n_kv_heads, d_head, bytes_per_number, n_tokens):  # the 2 left out
+        return answer["factor"] * n_layers * n_kv_heads * d_head * bytes_per_number * n_tokens
+
+    fresh = ch11.check_sequences_that_fit(sequences_that_fit)
+    assert fresh and "still fails" not in fresh.message, fresh.message
+    assert not ch11.check_kv_cache_bytes(kv_cache_bytes_learner)
+    follow_up = ch11.check_sequences_that_fit(sequences_that_fit)
+    assert follow_up.ok and "part 1 (kv_cache_bytes) still fails" in follow_up.message, follow_up.message
+    assert ex.progress(file=io.StringIO())[ch11.check_kv_cache_bytes.exercise] == "failed"
+    answer["factor"] = 2  # the learner fixes part 1: the follow-up's message is the plain success again
+    assert ch11.check_kv_cache_bytes(kv_cache_bytes_learner)
+    again = ch11.check_sequences_that_fit(sequences_that_fit)
+    assert again and "still fails" not in again.message, again.message

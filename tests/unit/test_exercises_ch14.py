@@ -126,7 +126,7 @@ def lr_at(step, lr, warmup, total, min_lr, *, mistake=None):
     if step < warmup:
         return lr * (step if mistake == "from_zero" else step + 1) / warmup
     low = 0.0 if mistake == "to_zero" else min_lr
-    progress = step / total if mistake == "whole_run" else (step - warmup) / (total - warmup)
+    progress = {"whole_run": step / total, "over_total": (step - warmup) / total}.get(mistake, (step - warmup) / (total - warmup))
     if mistake == "linear":
         return low + (lr - low) * (1 - progress)
     if mistake == "bare_cos":
@@ -145,7 +145,7 @@ def test_lr_schedule_solution_passes_matches_train_lm_and_mistakes_are_named():
         factor = (step + 1) / 10 if step < 10 else 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - 10) / (steps - 10)))
         assert abs(lr_at(step, 1.0, 10, steps, 0.1) - factor) < 1e-12
     cases = (("from_zero", "starts at 0"), ("to_zero", "ends at 0"), ("whole_run", "whole run"), ("linear", "linear decay"),
-             ("bare_cos", "goes from 1 to -1"))
+             ("bare_cos", "goes from 1 to -1"), ("over_total", "you divided (step - warmup) by total"))
     for mistake, words in cases:
         fb = ch14.check_lr_schedule(lambda *a, m=mistake: lr_at(*a, mistake=m))
         assert not fb.ok and words in fb.message, (mistake, fb.message)

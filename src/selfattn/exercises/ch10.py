@@ -4,7 +4,8 @@
 block sizes); 10.3 its backward from the saved log-sum-exp (the CS336 task); 10.4 the tiles a causal
 forward must visit. Each check compares with ``selfattn.ref`` or torch autograd of plain attention and
 names the usual mistake: a sum that is not rescaled, the rescaling upside down, NaN for an empty state,
-the log-sum-exp without its maximum, a forgotten D = rowsum(dO * O), P recomputed per tile...
+the log-sum-exp without its maximum, two outputs added unweighted, a forgotten D = rowsum(dO * O), P recomputed
+per tile, the 1 / sqrt(Dh) left out of the backward...
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def _merge_out_lse(out_a, lse_a, out_b, lse_b, *, form="right"):
         w_a, w_b = np.exp(lse_a - m), np.exp(lse_b - m)
     if form == "average":
         w_a, w_b = np.full_like(lse_a, 0.5), np.full_like(lse_b, 0.5)
+    if form == "sum":  # out_a + out_b, unweighted
+        w_a, w_b = np.ones_like(lse_a), np.ones_like(lse_b)
     return w_a[:, None] * out_a + w_b[:, None] * out_b, lse
 
 
@@ -123,6 +126,9 @@ def check_merge_states(fn):
                             "never exp(lse - (-inf)).")
     ok_rows = np.isfinite(lse_e)
     for form, message in (
+        ("sum", "You added the two outputs, out_a + out_b: each is already normalised over its own chunk, so the sum "
+                "counts each chunk as a whole softmax. Weight them by their share of the total, "
+                "exp(lse_a - lse) out_a + exp(lse_b - lse) out_b, with lse the merged log-sum-exp."),
         ("average", "You averaged the two outputs: each chunk counts by its share of the total, exp(lse_chunk - lse), "
                     "which sums to 1 over the chunks."),
         ("unnormalised", "Your weights exp(lse_chunk - max) do not sum to 1: divide by their sum, i.e. use "
@@ -264,7 +270,8 @@ def check_flash_forward(fn):
                         "the weights.")  # fmt: skip
 
 
-def _flash_bwd_np(q, k, v, o, lse, do, bq, bk, *, use_D=True, D_per_tile=False, scale_grads=True, p_from="lse"):
+def _flash_bwd_np(q, k, v, o, lse, do, bq, bk, *, use_D=True, D_per_tile=False, scale_grads=True, p_from="lse",
+                  scale_scores=True):
     """The tiled backward (dq, dk, dv) in NumPy, right or with one typical mistake."""
     c = 1 / np.sqrt(q.shape[1])
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
@@ -272,9 +279,10 @@ def _flash_bwd_np(q, k, v, o, lse, do, bq, bk, *, use_D=True, D_per_tile=False, 
     g = c if scale_grads else 1.0
     for r in range(0, q.shape[0], bq):
         for s0 in range(0, k.shape[0], bk):
-            s = q[r:r + bq] @ k[s0:s0 + bk].T * c
+            s = q[r:r + bq] @ k[s0:s0 + bk].T * (c if scale_scores else 1.0)
             if p_from == "lse":
-                p = np.exp(s - lse[r:r + bq, None])
+                with np.errstate(over="ignore", invalid="ignore"):
+                    p = np.exp(s - lse[r:r + bq, None])
             else:  # the tile's own softmax
                 e = np.exp(s - s.max(-1, keepdims=True))
                 p = e / e.sum(-1, keepdims=True)
@@ -330,6 +338,11 @@ def check_flash_backward(fn):
              "(the softmax's Jacobian subtracts the weighted mean of dP)."),
             (dict(D_per_tile=True), "You took D as rowsum(P * dP) over one tile: that sum must run over all keys. "
              "Compute D = rowsum(d_out * out) once per query, before the tiles (it equals the full sum)."),
+            (dict(scale_scores=False, scale_grads=False), "You left out the 1 / sqrt(Dh) everywhere: the saved lse is "
+             "the log-sum-exp of the scaled scores, so rebuild P = exp(q k^T / sqrt(Dh) - lse) per tile, and scale "
+             "dS by it too: dq += dS k / sqrt(Dh), dk += dS^T q / sqrt(Dh)."),
+            (dict(scale_scores=False), "You rebuilt P from unscaled scores: the saved lse is the log-sum-exp of the "
+             "scaled scores, so P = exp(q k^T / sqrt(Dh) - lse) per tile (your dq and dk do carry the 1 / sqrt(Dh))."),
             (dict(scale_grads=False), "dq and dk miss the 1 / sqrt(Dh): S = q k^T / sqrt(Dh), so dq = dS k / sqrt(Dh) "
              "and dk = dS^T q / sqrt(Dh)."),
             (dict(p_from="tile"), "You rebuilt P with each tile's own softmax: the weights are normalised over all keys, "
@@ -337,7 +350,7 @@ def check_flash_backward(fn):
         )
         for kwargs, message in mistakes:
             cand = _flash_bwd_np(q, k, v, out, lse, do, bq, bk, **kwargs)
-            if all(_close(a, c) for a, c in zip(arrs, cand, strict=True)):
+            if all(np.isfinite(c).all() and _close(a, c) for a, c in zip(arrs, cand, strict=True)):
                 return failed(_EX3, message)
         wrong = [n for a, e, n in zip(arrs, (dq_e, dk_e, dv_e), names, strict=True) if not _close(a, e)]
         return failed(_EX3, f"{where} {', '.join(wrong)} differ from autograd of plain attention (largest error "

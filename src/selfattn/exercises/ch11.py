@@ -9,7 +9,8 @@ computed too, and the check names the one the learner's answer matches: the fact
 values forgotten, ``n_heads`` used instead of ``n_kv_heads``, bits instead of bytes; the weights left out of
 the memory, or counted one byte each, a partial sequence rounded up, a negative count; heads tiled instead of
 interleaved; the token that crosses p left out, the cumulative sum taken in vocabulary order instead of
-sorted order; the block table ignored or read off by one; a draw not renormalised to the kept set.
+sorted order; the block table ignored or read off by one; a draw not renormalised to the kept set, or returned
+as its position in the sorted order (or as a tensor, not an int).
 
 A function whose body is still empty (``pass``, ``...`` or a docstring) counts as not attempted.
 """
@@ -27,6 +28,7 @@ from . import (
     failed,
     is_empty_stub,
     not_attempted,
+    part_feedback,
     passed,
     to_numpy,
 )
@@ -123,6 +125,10 @@ def check_sequences_that_fit(fn):
             return failed(_EX1, f"{at} you rounded up: a sequence whose cache does not fit whole cannot be served; "
                                 "round down with //.")
         return failed(_EX1, f"{at} {expected} sequences fit; you returned {int(got)}.")
+    main = part_feedback(_EX1, "check_kv_cache_bytes")
+    if main is not None and main.attempted and not main.ok:  # the cell above shows part 1's red box
+        return passed(_EX1, "The follow-up is right, but part 1 (kv_cache_bytes) still fails, so exercise 11.1 is not "
+                            "done yet: fix kv_cache_bytes (its message is above) and run the cell again.")
     return passed(_EX1, "Whole caches in what the weights leave: 64 sequences of 8k tokens for Llama 3.1 8B on an "
                         "H100 80GB (81,559 MiB, as nvidia-smi reports it), an upper bound "
                         "(activations and workspace need memory too).")
@@ -310,11 +316,12 @@ def check_top_p_sample(fn):
     answers = []
     for p, u in cases:
         raw = call_learner(_EX5, fn, torch.from_numpy(probs.copy()), p, u)
-        if isinstance(raw, torch.Tensor) and raw.numel() == 1:
-            raw = raw.item()
-        if isinstance(raw, bool) or not isinstance(raw, (int, np.integer)):
-            return failed(_EX5, f"Return one token id, an int (use .item() on a one-element tensor); got "
-                                f"{type(raw).__name__}{getattr(raw, 'shape', '')}.")
+        if isinstance(raw, (torch.Tensor, np.ndarray, np.generic)) and np.size(raw) == 1:
+            return failed(_EX5, f"Return the token id as a Python int: you returned a {type(raw).__name__} "
+                                f"({raw!r}); return int(...) of it.")
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            return failed(_EX5, f"Return one token id, an int (return int(...) of it); got "
+                                f"{type(raw).__name__}{tuple(getattr(raw, 'shape', ())) or ''}.")
         answers.append(int(raw))
     top = int(np.argmax(probs))
     if all(a == top for a in answers):
@@ -333,6 +340,10 @@ def check_top_p_sample(fn):
         ):
             if got == _draw(probs, p, u, **kwargs):
                 return failed(_EX5, f"{at} {message}")
+        order = np.argsort(-probs, kind="stable")
+        if got != expected and 0 <= got < len(probs) and int(order[got]) == expected:
+            return failed(_EX5, f"{at} you returned {got}, the position of the draw in the sorted order; map it back "
+                                f"through the sort's indices (order[{got}] is token {expected}).")
         return failed(_EX5, f"{at} the draw is token {expected}; you returned {got}.")
     return passed(_EX5, "Sort, keep the top-p set, renormalise, invert the cumulative sum at u: with u drawn "
                         "uniformly this samples each kept token with its renormalised probability.")

@@ -295,7 +295,8 @@ def _lr(step, lr, warmup, total, min_lr, *, warm_from_zero=False, floor=True, pe
     if step < warmup:
         return lr * (step if warm_from_zero else step + 1) / warmup
     low = min_lr if floor else 0.0
-    progress = (step - warmup) / (total - warmup) if period == "after_warmup" else step / total
+    progress = {"after_warmup": (step - warmup) / (total - warmup), "whole_run": step / total,
+                "over_total": (step - warmup) / total}[period]
     if shape == "linear":
         return low + (lr - low) * (1 - progress)
     if shape == "bare_cos":
@@ -325,6 +326,9 @@ def check_lr_schedule(fn):
             (dict(floor=False), "your decay ends at 0: it ends at min_lr, min_lr + (lr - min_lr) (1 + cos(...)) / 2."),
             (dict(period="whole_run"), "your cosine runs over the whole run: it starts after the warm-up, with "
                                        "progress (step - warmup) / (total - warmup)."),
+            (dict(period="over_total"), "you divided (step - warmup) by total: the decay lasts total - warmup steps, "
+                                        "so progress = (step - warmup) / (total - warmup), which reaches 1 (and the "
+                                        "learning rate min_lr) at step total."),
             (dict(shape="linear"), "that is a linear decay: use the cosine, (1 + cos(pi progress)) / 2."),
             (dict(shape="bare_cos"), "cos(pi progress) alone goes from 1 to -1, below min_lr: use "
                                      "(1 + cos(pi progress)) / 2, from 1 to 0."),
